@@ -1,0 +1,70 @@
+# Polychip: `make` alone lists the targets.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+# The tests run against the real services: PostgreSQL, and Redis for Celery and Channels.
+TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/polychip} \
+	CELERY_BROKER_URL=$${TEST_BROKER_URL:-redis://127.0.0.1:6379/14} \
+	CHANNEL_REDIS_URL=$${TEST_CHANNEL_REDIS_URL:-redis://127.0.0.1:6379/15} \
+	POLYCHIP_VAR_DIR=$(CURDIR)/var/test
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo up down status test test-unit test-integration test-runtime test-e2e lint fmt bench clean
+
+help: ## List the targets
+	@grep -hE '^[a-z][a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU wheel of torch first, by exact version, so nothing pulls a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install Polychip with its test tools
+
+demo: install ## Install and run the demo job on the embedded default (servers stay up; ARGS=--stop stops them)
+	$(BIN)/polychip demo $(ARGS)
+
+up: install ## Start the ASGI server, a Celery worker and beat on the embedded default, no demo job
+	$(BIN)/polychip up
+
+down: ## Stop what `make up` or `make demo` started
+	@test -x $(BIN)/polychip && $(BIN)/polychip down || true
+
+status: ## Show which servers run
+	$(BIN)/polychip status
+
+test: install ## Install and run every test tier (needs PostgreSQL and Redis on 127.0.0.1)
+	$(TEST_ENV) $(BIN)/pytest
+
+test-unit: install ## Pure unit tests: no database, seconds
+	$(BIN)/pytest tests/unit
+
+test-integration: install ## PostgreSQL + Redis + a real Celery worker, the job's life end to end
+	$(TEST_ENV) $(BIN)/pytest tests/integration
+
+test-runtime: install ## Real torch.distributed processes over gloo
+	$(TEST_ENV) $(BIN)/pytest tests/runtime
+
+test-e2e: install ## The portal in a real browser (Chromium)
+	$(TEST_ENV) $(BIN)/pytest tests/e2e
+
+lint: install ## ruff (lint and format check) and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy .
+
+fmt: install ## Format and fix what ruff can
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: install ## Run the benchmarks (quick mode); each prints a JSON line of figures
+	$(BIN)/python bench/skeleton.py --quick
+
+clean: down ## Remove the embedded database, broker folder, runs and logs
+	rm -rf var

@@ -1,0 +1,328 @@
+"""The ``polychip`` command: run the control plane here, and talk to it over REST.
+
+    polychip up        migrate, load the pool, start the ASGI server, a Celery worker and beat
+    polychip down      stop them
+    polychip demo      up, then submit the demo job, follow it and print a summary
+    polychip submit F  submit a job spec (YAML or JSON) and optionally follow it
+    polychip status    what runs, where
+
+The client side speaks only HTTP to the API, as a CI pipeline would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TERMINAL = {"succeeded", "failed", "cancelled"}
+DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
+DEMO_SPEC: dict[str, Any] = {
+    "name": "demo-mixed-mlp",
+    "devices": 3,
+    "flavors": ["h100-sxm", "a100-sxm"],
+    "workload": {"kind": "synthetic-mlp", "steps": 300, "global_batch": 96, "lr": 0.05, "seed": 7},
+}
+
+
+def var_dir() -> Path:
+    return Path(os.environ.get("POLYCHIP_VAR_DIR", ROOT / "var")).resolve()
+
+
+def _pid_file(name: str) -> Path:
+    return var_dir() / "run" / f"{name}.pid"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _running(name: str) -> int | None:
+    try:
+        pid = int(_pid_file(name).read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if _alive(pid) else None
+
+
+def _manage(*args: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)
+
+
+def _spawn(name: str, argv: Sequence[str], env: dict[str, str]) -> int:
+    existing = _running(name)
+    if existing:
+        return existing
+    log_dir = var_dir() / "log"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    _pid_file(name).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"{name}.log", "ab") as log:
+        # A session of its own, so that ``down`` can stop the whole tree and a Ctrl-C in the
+        # terminal that ran ``up`` does not.
+        process = subprocess.Popen(
+            list(argv),
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    _pid_file(name).write_text(str(process.pid))
+    return process.pid
+
+
+def _wait_healthy(url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{url}/healthz", timeout=2).ok:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(
+        f"the server did not answer at {url} within {timeout_s:.0f} s; see {var_dir() / 'log' / 'server.log'}"
+    )
+
+
+def cmd_up(args: argparse.Namespace) -> str:
+    host, port = args.host, args.port
+    url = f"http://{host}:{port}"
+    env = dict(os.environ, POLYCHIP_PUBLIC_URL=os.environ.get("POLYCHIP_PUBLIC_URL", url), PYTHONUNBUFFERED="1")
+    os.environ.update(POLYCHIP_PUBLIC_URL=env["POLYCHIP_PUBLIC_URL"])
+    print("• migrating the database", flush=True)
+    _manage("migrate", "--noinput", "-v", "0")
+    _manage("load_pool")
+    _manage(
+        "ensure_tenant", "--user", DEMO_USER, "--password", DEMO_PASSWORD, "--token-file", str(var_dir() / "demo-token")
+    )
+    celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
+    _spawn(
+        "server",
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "controlplane.asgi:application",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env,
+    )
+    _spawn(
+        "worker",
+        [
+            *celery,
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--concurrency",
+            "2",
+            "--without-mingle",
+            "--without-gossip",
+            "--hostname",
+            "polychip@%h",
+        ],
+        env,
+    )
+    _spawn("beat", [*celery, "beat", "--loglevel", "INFO", "--schedule", str(var_dir() / "celerybeat-schedule")], env)
+    _wait_healthy(url)
+    print(
+        f"• Polychip is up: portal {url}/  (user {DEMO_USER} / {DEMO_PASSWORD}), API {url}/api/v1/, admin {url}/admin/",
+        flush=True,
+    )
+    print(f"  logs in {var_dir() / 'log'}; stop everything with: make down", flush=True)
+    return url
+
+
+def cmd_down(args: argparse.Namespace | None = None) -> None:
+    for name in ("beat", "worker", "server"):
+        pid = _running(name)
+        if pid is None:
+            _pid_file(name).unlink(missing_ok=True)
+            continue
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+        _pid_file(name).unlink(missing_ok=True)
+        print(f"• stopped {name} (pid {pid})")
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    for name in ("server", "worker", "beat"):
+        pid = _running(name)
+        print(f"{name:7} {'running, pid ' + str(pid) if pid else 'stopped'}")
+
+
+class Client:
+    def __init__(self, url: str, token: str) -> None:
+        self.url = url.rstrip("/")
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def _check(self, response: requests.Response) -> Any:
+        if response.status_code >= 400:
+            try:
+                error = response.json()["error"]
+                where = f" ({error['field']})" if "field" in error else ""
+                raise SystemExit(f"error {response.status_code}{where}: {error['message']}")
+            except (ValueError, KeyError):
+                raise SystemExit(f"error {response.status_code}: {response.text[:500]}") from None
+        return response.json()
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._check(self.session.post(f"{self.url}/api/v1/jobs", json=spec, timeout=30))
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self._check(self.session.get(f"{self.url}/api/v1/jobs/{job_id}", timeout=30))
+
+    def usage(self, job_id: int) -> dict[str, Any]:
+        return self._check(self.session.get(f"{self.url}/api/v1/jobs/{job_id}/usage", timeout=30))
+
+
+def follow(client: Client, job_id: int, timeout_s: float) -> dict[str, Any]:
+    """Poll a job until it ends, printing each change of state and the progress as it goes."""
+    deadline = time.monotonic() + timeout_s
+    last_state, last_step = "", -1
+    while True:
+        job = client.job(job_id)
+        progress = job["progress"]
+        if job["state"] != last_state:
+            detail = job["pending_reason"] or job["failure_reason"]
+            print(f"  [{time.strftime('%H:%M:%S')}] {job['state']}{': ' + detail if detail else ''}", flush=True)
+            last_state = job["state"]
+        if progress["steps_done"] != last_step and progress["steps_done"]:
+            bar = "#" * int(progress["fraction"] * 30)
+            loss = job["loss"]["last"]
+            print(
+                f"      step {progress['steps_done']:>5}/{progress['total_steps']} [{bar:<30}] "
+                f"loss {loss:.4f}  {progress['samples_per_s'] or 0:.0f} samples/s",
+                flush=True,
+            )
+            last_step = progress["steps_done"]
+        if job["state"] in TERMINAL:
+            return job
+        if time.monotonic() > deadline:
+            raise SystemExit(f"job {job_id} did not end within {timeout_s:.0f} s (state {job['state']})")
+        time.sleep(0.5)
+
+
+def summarize(client: Client, job: dict[str, Any], wall_s: float) -> None:
+    usage = client.usage(job["id"])["usage"]
+    devices = ", ".join(f"rank {d['rank']}: {d['device_id']} ({d['flavor']})" for d in job["devices"])
+    loss = job["loss"]
+    print("\n── summary ─────────────────────────────────────────────")
+    print(
+        f"job          {job['id']} {job['name']!r}: {job['state']}"
+        + (f" ({job['failure_reason']})" if job["failure_reason"] else "")
+    )
+    print(f"devices      {devices}")
+    print(f"steps        {job['progress']['steps_done']}/{job['progress']['total_steps']}")
+    if loss["first"] is not None:
+        print(f"loss         first {loss['first']:.4f} → last {loss['last']:.4f}")
+    print(f"wall time    {wall_s:.1f} s from submission to {job['state']}")
+    for row in usage:
+        print(f"usage        {row['flavor']}: {row['device_seconds']:.3f} device-seconds on {row['devices']} devices")
+    if job["artifact"]:
+        print(f"model        {job['artifact']}")
+    print("─────────────────────────────────────────────────────────")
+
+
+def read_token() -> str:
+    token = os.environ.get("POLYCHIP_TOKEN")
+    if token:
+        return token
+    path = var_dir() / "demo-token"
+    if path.exists():
+        return path.read_text().strip()
+    raise SystemExit("no API token: set POLYCHIP_TOKEN, or run 'polychip up' to create the demo tenant's")
+
+
+def cmd_submit(args: argparse.Namespace) -> None:
+    text = Path(args.file).read_text()
+    spec = yaml.safe_load(text)
+    client = Client(args.url, read_token())
+    job = client.submit(spec)
+    print(f"submitted job {job['id']} ({job['name']})")
+    if args.follow:
+        started = time.monotonic()
+        job = follow(client, job["id"], args.timeout)
+        summarize(client, job, time.monotonic() - started)
+        if job["state"] != "succeeded":
+            raise SystemExit(1)
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    url = cmd_up(args)
+    try:
+        client = Client(url, read_token())
+        started = time.monotonic()
+        job = client.submit(DEMO_SPEC)
+        print(f"• submitted job {job['id']} through POST {url}/api/v1/jobs: {json.dumps(DEMO_SPEC)}", flush=True)
+        job = follow(client, job["id"], args.timeout)
+        summarize(client, job, time.monotonic() - started)
+    finally:
+        if args.stop:
+            cmd_down()
+    if not args.stop:
+        print(
+            f"\nThe servers are still up: open {url}/ (user {DEMO_USER}, password {DEMO_PASSWORD}). "
+            "Stop them with: make down"
+        )
+    if job["state"] != "succeeded":
+        raise SystemExit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    parser = argparse.ArgumentParser(
+        prog="polychip", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, func, helptext in (("up", cmd_up, "start the servers"), ("demo", cmd_demo, "start and run the demo job")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--port", type=int, default=int(os.environ.get("POLYCHIP_PORT", "8000")))
+        p.set_defaults(func=func)
+        if name == "demo":
+            p.add_argument("--stop", action="store_true", help="stop the servers after the summary (for CI)")
+            p.add_argument("--timeout", type=float, default=600, help="seconds to wait for the job")
+    sub.add_parser("down", help="stop the servers").set_defaults(func=cmd_down)
+    sub.add_parser("status", help="which servers run").set_defaults(func=cmd_status)
+    p = sub.add_parser("submit", help="submit a job spec file (YAML or JSON)")
+    p.add_argument("file")
+    p.add_argument("--url", default=os.environ.get("POLYCHIP_URL", "http://127.0.0.1:8000"))
+    p.add_argument("--follow", action="store_true", help="wait for the job and print a summary")
+    p.add_argument("--timeout", type=float, default=3600)
+    p.set_defaults(func=cmd_submit)
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Settings, read from the environment.
+
+Embedded default (nothing set): SQLite, a filesystem Celery broker shared by processes on this
+host, the in-memory channel layer and the local backend. Production sets DATABASE_URL,
+CELERY_BROKER_URL, CHANNEL_REDIS_URL and POLYCHIP_BACKEND. The code never branches on which.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("POLYCHIP_VAR_DIR", BASE_DIR / "var")).resolve()
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "polychip-embedded-default-not-for-production")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "channels",
+    "tenants",
+    "billing",
+    "jobs",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.config(
+        default=f"sqlite:///{VAR_DIR / 'polychip.sqlite3'}",
+        conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "0")),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (ASGI server, Celery worker, beat) share the file: wait for locks
+    # instead of failing at once, and take the write lock at BEGIN so that claims serialize.
+    DATABASES["default"]["OPTIONS"] = {"timeout": 30, "transaction_mode": "IMMEDIATE"}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+WHITENOISE_USE_FINDERS = True
+
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.authentication.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "controlplane.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+# --- Celery -------------------------------------------------------------------------------
+# The embedded broker is kombu's filesystem transport: a folder of message files that every
+# process on this host can read, so the worker and beat are real separate processes.
+BROKER_DIR = VAR_DIR / "broker"
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = (
+    {
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "control_folder": str(BROKER_DIR / "control"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "store_processed": False,
+        "polling_interval": 0.1,
+    }
+    if CELERY_BROKER_URL.startswith("filesystem")
+    else {"visibility_timeout": 3600}
+)
+if CELERY_BROKER_URL.startswith("filesystem"):
+    for folder in ("queue", "control", "processed"):
+        (BROKER_DIR / folder).mkdir(parents=True, exist_ok=True)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = "UTC"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = False
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+POLYCHIP_SWEEP_SECONDS = float(os.environ.get("POLYCHIP_SWEEP_SECONDS", "1.0"))
+CELERY_BEAT_SCHEDULE = {
+    "admit-queued-jobs": {"task": "jobs.tasks.admit_queued_jobs", "schedule": POLYCHIP_SWEEP_SECONDS},
+    "observe-running-jobs": {"task": "jobs.tasks.observe_running_jobs", "schedule": POLYCHIP_SWEEP_SECONDS},
+}
+
+# --- Channels -----------------------------------------------------------------------------
+CHANNEL_REDIS_URL = os.environ.get("CHANNEL_REDIS_URL", "")
+CHANNEL_LAYERS = {
+    "default": (
+        {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [CHANNEL_REDIS_URL]}}
+        if CHANNEL_REDIS_URL
+        else {"BACKEND": "channels.layers.InMemoryChannelLayer"}
+    )
+}
+
+# --- Polychip -----------------------------------------------------------------------------
+POLYCHIP_BACKEND = os.environ.get("POLYCHIP_BACKEND", "local")
+POLYCHIP_POOL_FILE = os.environ.get("POLYCHIP_POOL_FILE", str(BASE_DIR / "runtime" / "pools" / "demo.yaml"))
+POLYCHIP_RUNS_DIR = Path(os.environ.get("POLYCHIP_RUNS_DIR", VAR_DIR / "runs"))
+POLYCHIP_ARTIFACTS_DIR = Path(os.environ.get("POLYCHIP_ARTIFACTS_DIR", VAR_DIR / "artifacts"))
+# Where workers send heartbeats and step telemetry: the control plane's own address.
+POLYCHIP_PUBLIC_URL = os.environ.get("POLYCHIP_PUBLIC_URL", "http://127.0.0.1:8000")
+# A running job whose workers sent nothing for this long is failed (recovery comes later).
+POLYCHIP_HEARTBEAT_TIMEOUT_S = float(os.environ.get("POLYCHIP_HEARTBEAT_TIMEOUT_S", "60"))
+# The local backend pads each emulated step to samples * this / relative_speed milliseconds.
+POLYCHIP_LOCAL_SAMPLE_TIME_MS = float(os.environ.get("POLYCHIP_LOCAL_SAMPLE_TIME_MS", "0.5"))
+# How often the portal's event relay looks for new job events to push.
+POLYCHIP_PUSH_POLL_S = float(os.environ.get("POLYCHIP_PUSH_POLL_S", "0.05"))
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("POLYCHIP_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,65 @@
+// Renders the jobs table and keeps it live from the /ws/jobs/ WebSocket.
+(function () {
+  "use strict";
+  const tbody = document.querySelector("#jobs tbody");
+  const live = document.getElementById("live");
+  const jobs = new Map();
+
+  function text(value) { return value === null || value === undefined ? "–" : String(value); }
+  function fmtLoss(value) { return typeof value === "number" ? value.toFixed(3) : "–"; }
+
+  function deviceChips(devices) {
+    const counts = new Map();
+    for (const d of devices) counts.set(d.flavor, (counts.get(d.flavor) || 0) + 1);
+    return [...counts].map(([flavor, n]) => `<span class="chip">${n}× ${flavor}</span>`).join("");
+  }
+
+  function render(job) {
+    let row = tbody.querySelector(`tr[data-job="${job.id}"]`);
+    if (!row) {
+      tbody.querySelector("tr.empty")?.remove();
+      row = document.createElement("tr");
+      row.dataset.job = job.id;
+      tbody.prepend(row);
+    }
+    const pct = Math.round((job.progress.fraction || 0) * 100);
+    const reason = job.state === "failed" ? job.failure_reason : job.pending_reason;
+    const changed = row.dataset.state && row.dataset.state !== job.state;
+    row.dataset.state = job.state;
+    row.innerHTML = `
+      <td class="num">${job.id}</td>
+      <td>${escapeHtml(job.name)}</td>
+      <td><span class="state ${job.state}" data-testid="state">${job.state}</span>
+          ${reason ? `<div class="reason">${escapeHtml(reason)}</div>` : ""}</td>
+      <td><div class="chips">${deviceChips(job.devices)}</div></td>
+      <td><span class="bar-outer"><span class="bar-inner" style="width:${pct}%"></span></span>
+          <span class="num">${job.progress.steps_done}/${job.progress.total_steps}</span></td>
+      <td class="num">${fmtLoss(job.loss.first)} → ${fmtLoss(job.loss.last)}</td>
+      <td class="num">${text(job.progress.samples_per_s)}</td>`;
+    if (changed) { row.classList.remove("flash"); void row.offsetWidth; row.classList.add("flash"); }
+    jobs.set(job.id, job);
+  }
+
+  function escapeHtml(s) {
+    return String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+  }
+
+  const initial = JSON.parse(document.getElementById("initial-jobs").textContent);
+  for (const job of initial.slice().reverse()) render(job);
+
+  let delay = 500;
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/`);
+    socket.onopen = () => { live.textContent = "live"; live.className = "live on"; delay = 500; };
+    socket.onmessage = (message) => {
+      const data = JSON.parse(message.data);
+      if (data.type === "job_event") render(data.job);
+    };
+    socket.onclose = () => {
+      live.textContent = "reconnecting…"; live.className = "live off";
+      setTimeout(connect, delay); delay = Math.min(delay * 2, 10000);
+    };
+  }
+  connect();
+})();

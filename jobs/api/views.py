@@ -1,0 +1,120 @@
+"""REST endpoints of the jobs app: validate, call one service, serialize."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import status
+from rest_framework.exceptions import NotFound
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing import services as billing
+from controlplane.errors import error_response
+from jobs import services
+from jobs.api.serializers import event_json, flavor_pool_json, job_json
+from runtime.jobspec import SpecError, parse_job_spec
+from tenants.api.access import request_tenant_id
+
+
+def _job_or_404(tenant_id: int, job_id: int) -> Any:
+    try:
+        return services.get_job(tenant_id=tenant_id, job_id=job_id)
+    except services.JobNotFound:
+        # Another tenant's job answers exactly like a missing one, so ids cannot be probed.
+        raise NotFound(f"no job {job_id}") from None
+
+
+class JobListView(APIView):
+    def get(self, request: Request) -> Response:
+        tenant_id = request_tenant_id(request)
+        return Response({"jobs": [job_json(j) for j in services.list_jobs(tenant_id=tenant_id)]})
+
+    def post(self, request: Request) -> Response:
+        tenant_id = request_tenant_id(request)
+        try:
+            spec = parse_job_spec(request.data, known_flavors=services.known_flavors())
+        except SpecError as exc:
+            return error_response(status.HTTP_400_BAD_REQUEST, "invalid_spec", exc.message, field=exc.field)
+        user_id = request.user.pk if request.user is not None else None
+        job = services.submit_job(tenant_id=tenant_id, user_id=user_id, spec=spec)
+        return Response(job_json(job), status=status.HTTP_201_CREATED, headers={"Location": f"/api/v1/jobs/{job.id}"})
+
+
+class JobDetailView(APIView):
+    def get(self, request: Request, job_id: int) -> Response:
+        return Response(job_json(_job_or_404(request_tenant_id(request), job_id)))
+
+
+class JobCancelView(APIView):
+    def post(self, request: Request, job_id: int) -> Response:
+        tenant_id = request_tenant_id(request)
+        try:
+            job = services.cancel_job(tenant_id=tenant_id, job_id=job_id)
+        except services.JobNotFound:
+            raise NotFound(f"no job {job_id}") from None
+        except services.InvalidTransition as exc:
+            return error_response(status.HTTP_409_CONFLICT, "invalid_transition", str(exc), field="state")
+        return Response(job_json(job))
+
+
+class JobEventsView(APIView):
+    def get(self, request: Request, job_id: int) -> Response:
+        tenant_id = request_tenant_id(request)
+        try:
+            events = services.list_events(tenant_id=tenant_id, job_id=job_id)
+        except services.JobNotFound:
+            raise NotFound(f"no job {job_id}") from None
+        return Response({"events": [event_json(e) for e in events]})
+
+
+class JobUsageView(APIView):
+    def get(self, request: Request, job_id: int) -> Response:
+        tenant_id = request_tenant_id(request)
+        _job_or_404(tenant_id, job_id)
+        rows = billing.usage_by_flavor(tenant_id=tenant_id, job_id=job_id)
+        return Response(
+            {
+                "usage": [
+                    {
+                        "flavor": r.flavor,
+                        "devices": r.devices,
+                        "duration_ms": r.duration_ms,
+                        "device_seconds": r.device_seconds,
+                    }
+                    for r in rows
+                ]
+            }
+        )
+
+
+class PoolView(APIView):
+    def get(self, request: Request) -> Response:
+        request_tenant_id(request)
+        return Response({"flavors": [flavor_pool_json(row) for row in services.pool_summary()]})
+
+
+class TelemetryIngestView(APIView):
+    """Where workers send heartbeats and step telemetry, with the job's own ingest token."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+    parser_classes = [JSONParser]
+
+    def post(self, request: Request, job_id: int) -> Response:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        events = request.data.get("events") if isinstance(request.data, dict) else None
+        if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+            return error_response(
+                status.HTTP_400_BAD_REQUEST, "invalid_telemetry", 'send {"events": [{...}, ...]}', field="events"
+            )
+        try:
+            applied = services.ingest_telemetry(
+                job_id=job_id, token=token.strip() if scheme == "Bearer" else "", events=events
+            )
+        except services.TelemetryRejected as exc:
+            return error_response(status.HTTP_403_FORBIDDEN, "forbidden", str(exc))
+        return Response({"applied": applied})

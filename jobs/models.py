@@ -1,0 +1,161 @@
+"""The pool (flavors, nodes, devices), training jobs, their events and their allocations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+
+class Flavor(models.Model):
+    name = models.CharField(max_length=63, unique=True)
+    vendor = models.CharField(max_length=63)
+    kind = models.CharField(max_length=8)
+    model = models.CharField(max_length=120)
+    peak_bf16_tflops = models.FloatField()
+    memory_gib = models.FloatField()
+    interconnect = models.CharField(max_length=120)
+    interconnect_gbps = models.FloatField()
+    torch_device_type = models.CharField(max_length=16)
+    collective_backend = models.CharField(max_length=16)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=120, unique=True)
+    flavor = models.ForeignKey(Flavor, on_delete=models.PROTECT, related_name="nodes")
+    rack = models.CharField(max_length=63, blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DeviceHealth(models.TextChoices):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    CORDONED = "cordoned"
+    FAILED = "failed"
+
+
+class Device(models.Model):
+    device_id = models.CharField(max_length=200, unique=True)
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="devices")
+    flavor = models.ForeignKey(Flavor, on_delete=models.PROTECT, related_name="devices")
+    index = models.PositiveIntegerField()
+    health = models.CharField(max_length=16, choices=DeviceHealth.choices, default=DeviceHealth.HEALTHY)
+
+    def __str__(self) -> str:
+        return self.device_id
+
+
+class JobState(models.TextChoices):
+    QUEUED = "queued"
+    ADMITTED = "admitted"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class TrainingJob(models.Model):
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="jobs")
+    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    name = models.CharField(max_length=120)
+    spec = models.JSONField()
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
+    pending_reason = models.CharField(max_length=500, blank=True)
+    failure_reason = models.TextField(blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    # Set by the one worker that won the right to launch the job (a claim; see services).
+    provision_claimed_at = models.DateTimeField(null=True, blank=True)
+    backend_name = models.CharField(max_length=32, blank=True)
+    backend_handle = models.JSONField(null=True, blank=True)
+
+    # Progress, fed by worker telemetry.
+    steps_done = models.PositiveIntegerField(default=0)
+    total_steps = models.PositiveIntegerField(default=0)
+    first_loss = models.FloatField(null=True, blank=True)
+    last_loss = models.FloatField(null=True, blank=True)
+    recent_losses = models.JSONField(default=list, blank=True)
+    samples_per_s = models.FloatField(null=True, blank=True)
+    rank_stats = models.JSONField(default=dict, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    artifact_path = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-created_at"]), models.Index(fields=["state", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} ({self.name}, {self.state})"
+
+
+class AppendOnlyError(RuntimeError):
+    pass
+
+
+class JobEvent(models.Model):
+    """What happened to a job, in order; rows are never changed or deleted."""
+
+    class Kind(models.TextChoices):
+        TRANSITION = "transition"
+        PROGRESS = "progress"
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    message = models.CharField(max_length=500, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.kind} {self.from_state}->{self.to_state} {self.message}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise AppendOnlyError("job events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("job events are append-only")
+
+
+
+class Allocation(models.Model):
+    """A device held by a job from ``started_at`` until ``ended_at`` (open while null)."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.PROTECT, related_name="allocations")
+    device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="allocations")
+    rank = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # The database, not the scheduler, is the last word on double-booking.
+            models.UniqueConstraint(
+                fields=["device"], condition=models.Q(ended_at__isnull=True), name="allocation_one_open_per_device"
+            ),
+            models.UniqueConstraint(
+                fields=["job", "rank"], condition=models.Q(ended_at__isnull=True), name="allocation_one_open_per_rank"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} rank {self.rank} on {self.device_id}"

@@ -1,0 +1,67 @@
+"""The one interface every backend implements: provision, observe, tear down.
+
+Handles are plain JSON-able dicts so the control plane can store them and any process, not only
+the one that provisioned, can observe or tear down the job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from runtime.jobspec import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    rank: int
+    device_id: str
+    flavor: str
+    node: str
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    job_id: str
+    placements: tuple[RankPlacement, ...]
+    workload: WorkloadSpec
+    telemetry_url: str | None
+    telemetry_token: str
+    artifacts_dir: str
+
+
+class Phase(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    GONE = "gone"  # the backend knows nothing of this handle any more
+
+
+@dataclass(frozen=True)
+class RankState:
+    rank: int
+    pid: int | None
+    exit_code: int | None
+
+
+@dataclass(frozen=True)
+class Observation:
+    phase: Phase
+    ranks: tuple[RankState, ...] = ()
+    reason: str = ""
+
+
+class Backend(Protocol):
+    name: str
+
+    def provision(self, request: LaunchRequest) -> dict[str, Any]:
+        """Start the job; calling it again for the same job_id returns the same handle."""
+        ...
+
+    def observe(self, handle: dict[str, Any]) -> Observation: ...
+
+    def teardown(self, handle: dict[str, Any]) -> None:
+        """Stop everything the handle names; safe to call twice or on a finished job."""
+        ...

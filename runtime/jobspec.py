@@ -1,0 +1,112 @@
+"""The job spec: what a tenant asks for, as JSON over REST or YAML from the CLI.
+
+Parsing is pure: ``parse_job_spec`` turns a mapping into a frozen ``JobSpec`` or raises
+``SpecError`` naming the field (dotted path) and how to fix it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+WORKLOAD_KINDS = ("synthetic-mlp",)
+MAX_DEVICES = 64
+
+
+class SpecError(ValueError):
+    def __init__(self, field_path: str, message: str) -> None:
+        super().__init__(f"{field_path}: {message}")
+        self.field = field_path
+        self.message = message
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    kind: str = "synthetic-mlp"
+    steps: int = 200
+    global_batch: int = 96
+    lr: float = 0.05
+    seed: int = 0
+    hidden: int = 64
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    devices: int
+    flavors: tuple[str, ...]
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["flavors"] = list(self.flavors)
+        return data
+
+
+def _int(raw: dict[str, Any], key: str, path: str, default: int, lo: int, hi: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(path, f"must be a whole number between {lo} and {hi}, got {value!r}")
+    if not lo <= value <= hi:
+        raise SpecError(path, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _float(raw: dict[str, Any], key: str, path: str, default: float, lo: float, hi: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(path, f"must be a number between {lo} and {hi}, got {value!r}")
+    if not lo < value <= hi:
+        raise SpecError(path, f"must be greater than {lo} and at most {hi}, got {value}")
+    return float(value)
+
+
+def _reject_unknown(raw: dict[str, Any], allowed: set[str], prefix: str) -> None:
+    for key in raw:
+        if key not in allowed:
+            where = f"{prefix}{key}"
+            raise SpecError(where, f"unknown field; allowed here: {', '.join(sorted(allowed))}")
+
+
+def parse_workload(raw: Any) -> WorkloadSpec:
+    if raw is None:
+        return WorkloadSpec()
+    if not isinstance(raw, dict):
+        raise SpecError("workload", 'must be an object such as {"kind": "synthetic-mlp", "steps": 200}')
+    _reject_unknown(raw, {"kind", "steps", "global_batch", "lr", "seed", "hidden"}, "workload.")
+    kind = raw.get("kind", "synthetic-mlp")
+    if kind not in WORKLOAD_KINDS:
+        raise SpecError("workload.kind", f"{kind!r} is not a built-in workload; use one of {', '.join(WORKLOAD_KINDS)}")
+    return WorkloadSpec(
+        kind=kind,
+        steps=_int(raw, "steps", "workload.steps", 200, 1, 1_000_000),
+        global_batch=_int(raw, "global_batch", "workload.global_batch", 96, 1, 1_048_576),
+        lr=_float(raw, "lr", "workload.lr", 0.05, 0.0, 10.0),
+        seed=_int(raw, "seed", "workload.seed", 0, 0, 2**31 - 1),
+        hidden=_int(raw, "hidden", "workload.hidden", 64, 1, 8192),
+    )
+
+
+def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
+    """Validate a job spec. ``known_flavors`` (when given) rejects flavors the pool lacks."""
+    if not isinstance(raw, dict):
+        raise SpecError("spec", "must be a JSON object with name, devices and flavors")
+    _reject_unknown(raw, {"name", "devices", "flavors", "workload"}, "")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise SpecError("name", 'required; give the job a short name such as "resnet-sweep-1"')
+    if len(name) > 120:
+        raise SpecError("name", "at most 120 characters")
+    devices = _int(raw, "devices", "devices", 1, 1, MAX_DEVICES)
+    flavors_raw = raw.get("flavors")
+    if not isinstance(flavors_raw, list) or not flavors_raw or not all(isinstance(f, str) for f in flavors_raw):
+        raise SpecError("flavors", 'required; a non-empty list of flavor names this job may run on, e.g. ["h100-sxm"]')
+    if known_flavors is not None:
+        for i, flavor in enumerate(flavors_raw):
+            if flavor not in known_flavors:
+                choices = ", ".join(sorted(known_flavors))
+                raise SpecError(f"flavors[{i}]", f"{flavor!r} is not in the pool; choose from {choices}")
+    workload = parse_workload(raw.get("workload"))
+    if workload.global_batch < devices:
+        raise SpecError("workload.global_batch", f"must be at least devices ({devices}) so every device gets a sample")
+    return JobSpec(name=name.strip(), devices=devices, flavors=tuple(dict.fromkeys(flavors_raw)), workload=workload)
