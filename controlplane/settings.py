@@ -95,6 +95,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns about a missing root
 WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "/login/"

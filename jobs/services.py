@@ -375,7 +375,8 @@ def _launch_request(job: TrainingJob) -> LaunchRequest:
         for a in allocations.order_by("rank")
     )
     return LaunchRequest(
-        job_id=str(job.pk),
+        # Unique beyond the primary key, so a reset database never meets an old run's files.
+        job_id=f"job-{job.pk}-{job.created_at:%Y%m%d%H%M%S%f}",
         placements=placements,
         workload=parse_workload(job.spec.get("workload")),
         telemetry_url=f"{settings.POLYCHIP_PUBLIC_URL.rstrip('/')}/api/v1/ingest/jobs/{job.pk}/telemetry",

@@ -1,0 +1,40 @@
+"""Fixtures shared by every tier: three tenants (the third must see nothing of the others')."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+
+@dataclass(frozen=True)
+class TenantFixture:
+    id: int
+    slug: str
+    username: str
+    password: str
+    token: str
+
+
+def make_tenant(slug: str) -> TenantFixture:
+    from tenants import services
+
+    password = f"{slug}-password-1"
+    ref = services.ensure_tenant_with_user(slug=slug, name=slug.title(), username=f"{slug}-user", password=password)
+    token = services.issue_token(tenant_id=ref.id, username=f"{slug}-user", name="tests")
+    return TenantFixture(id=ref.id, slug=slug, username=f"{slug}-user", password=password, token=token.secret)
+
+
+@pytest.fixture
+def pool(db):
+    from django.conf import settings
+
+    from jobs import services
+    from runtime.inventory import load_pool
+
+    services.sync_pool(load_pool(settings.POLYCHIP_POOL_FILE))
+
+
+@pytest.fixture
+def tenants(db) -> tuple[TenantFixture, TenantFixture, TenantFixture]:
+    return make_tenant("acme"), make_tenant("globex"), make_tenant("initech")

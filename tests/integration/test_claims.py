@@ -1,0 +1,69 @@
+"""Claims and idempotency, called directly against PostgreSQL with no worker running."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from billing.models import UsageRecord
+from jobs import services
+from jobs.models import Allocation, JobEvent, JobState, TrainingJob
+from runtime.jobspec import parse_job_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+SPEC = {"name": "claims", "devices": 2, "flavors": ["a100-sxm"], "workload": {"steps": 50, "global_batch": 64}}
+
+
+def test_transitions_are_claims_exactly_one_concurrent_finisher_wins(tenants, pool):
+    acme = tenants[0]
+    job = services.submit_job(tenant_id=acme.id, user_id=None, spec=parse_job_spec({**SPEC, "devices": 40}))
+    barrier = threading.Barrier(4)
+    results: list[bool] = []
+
+    def finish(state: str) -> None:
+        from django.db import connection
+
+        barrier.wait()
+        try:
+            results.append(services.finish_job(job.id, state, reason="race"))
+        finally:
+            connection.close()
+
+    threads = [
+        threading.Thread(target=finish, args=(s,)) for s in ("cancelled", "failed", "cancelled", "failed")
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False, False, False, True]
+    ends = JobEvent.objects.filter(job_id=job.id, to_state__in=["cancelled", "failed"])
+    assert ends.count() == 1
+    assert TrainingJob.objects.get(pk=job.id).state == ends.get().to_state
+
+
+def test_running_admission_and_provisioning_twice_changes_nothing(tenants, pool, settings, tmp_path):
+    settings.POLYCHIP_RUNS_DIR = tmp_path / "runs"
+    from jobs.backends import get_backend
+    get_backend.cache_clear()
+    try:
+        job = services.submit_job(tenant_id=tenants[0].id, user_id=None, spec=parse_job_spec(SPEC))
+        first, second = services.admit_queued_jobs(), services.admit_queued_jobs()
+        assert (first, second) == ([job.id], [])
+        assert Allocation.objects.filter(job_id=job.id).count() == 2
+
+        assert services.provision_job(job.id) is True
+        assert services.provision_job(job.id) is False
+        running = TrainingJob.objects.get(pk=job.id)
+        assert running.state == JobState.RUNNING
+        assert len(list((tmp_path / "runs").iterdir())) == 1
+
+        assert services.finish_job(job.id, JobState.CANCELLED) is True
+        assert services.finish_job(job.id, JobState.CANCELLED) is False
+        services.teardown_job(job.id)
+        services.teardown_job(job.id)
+        assert UsageRecord.objects.filter(job_id=job.id).count() == 2
+    finally:
+        get_backend.cache_clear()

@@ -1,0 +1,46 @@
+import pytest
+
+from runtime.jobspec import JobSpec, SpecError, WorkloadSpec, parse_job_spec
+
+VALID = {"name": "mlp", "devices": 2, "flavors": ["h100-sxm", "a100-sxm"]}
+
+
+def test_a_minimal_spec_gets_the_defaults():
+    spec = parse_job_spec(VALID, known_flavors={"h100-sxm", "a100-sxm"})
+    assert spec == JobSpec(name="mlp", devices=2, flavors=("h100-sxm", "a100-sxm"), workload=WorkloadSpec())
+    assert parse_job_spec(spec.to_dict()) == spec
+
+
+def test_duplicate_flavors_collapse_in_order():
+    assert parse_job_spec({**VALID, "flavors": ["b", "a", "b"]}).flavors == ("b", "a")
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "hint"),
+    [
+        ({"name": " "}, "name", "required"),
+        ({"devices": 0}, "devices", "between 1 and 64"),
+        ({"devices": True}, "devices", "whole number"),
+        ({"devices": 65}, "devices", "between 1 and 64"),
+        ({"flavors": "h100-sxm"}, "flavors", "non-empty list"),
+        ({"flavors": ["h100-sxm", "tpu-v9"]}, "flavors[1]", "choose from a100-sxm, h100-sxm"),
+        ({"workload": {"kind": "gpt-5"}}, "workload.kind", "synthetic-mlp"),
+        ({"workload": {"lr": 0}}, "workload.lr", "greater than 0"),
+        ({"workload": {"steps": 1.5}}, "workload.steps", "whole number"),
+        ({"workload": {"batch": 3}}, "workload.batch", "allowed here"),
+        ({"workload": {"global_batch": 1}}, "workload.global_batch", "at least devices"),
+        ({"workload": []}, "workload", "object"),
+        ({"priority": 9}, "priority", "unknown field"),
+    ],
+)
+def test_each_mistake_names_its_field_and_the_fix(change, field, hint):
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec({**VALID, **change}, known_flavors={"h100-sxm", "a100-sxm"})
+    assert caught.value.field == field
+    assert hint in caught.value.message
+
+
+def test_a_spec_that_is_not_an_object_is_refused():
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec(["name"])
+    assert caught.value.field == "spec"
