@@ -43,8 +43,9 @@ def free_port() -> int:
 
 
 def cli(env: dict[str, str], *args: str) -> None:
-    subprocess.run([sys.executable, "-m", "controlplane.cli", *args], env=env, cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "controlplane.cli", *args], env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL
+    )
 
 
 def login(url: str) -> requests.Session:
@@ -96,8 +97,13 @@ def run_tier(tier: str) -> float:
         CHANNEL_REDIS_URL=os.environ.get("TEST_CHANNEL_REDIS_URL", "redis://127.0.0.1:6379/15"),
     )
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "pytest", f"tests/{tier}", "-q", "-p", "no:cacheprovider"],
-                            cwd=ROOT, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", f"tests/{tier}", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     elapsed = time.monotonic() - started
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-300:]
     print(f"  tests/{tier}: {elapsed:.1f} s  ({summary})", flush=True)
@@ -116,7 +122,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="polychip-bench-") as scratch:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "CELERY_BROKER_URL", "CHANNEL_REDIS_URL"}}
+        env = {
+            k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "CELERY_BROKER_URL", "CHANNEL_REDIS_URL"}
+        }
         env.update(POLYCHIP_VAR_DIR=scratch, POLYCHIP_PUBLIC_URL=url)
         print(f"embedded default in {scratch}, port {port}", flush=True)
         cli(env, "up", "--port", str(port))

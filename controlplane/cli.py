@@ -28,6 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"succeeded", "failed", "cancelled"}
 DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
+OPERATOR_USER, OPERATOR_PASSWORD = "operator", "operator-password"
 DEMO_SPEC: dict[str, Any] = {
     "name": "demo-mixed-mlp",
     "devices": 3,
@@ -45,6 +46,12 @@ def _pid_file(name: str) -> Path:
 
 
 def _alive(pid: int) -> bool:
+    try:
+        # Reap it first when it is our own child (`demo --stop`), or it lingers as a zombie.
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -158,18 +165,20 @@ def cmd_up(args: argparse.Namespace) -> str:
 
 
 def cmd_down(args: argparse.Namespace | None = None) -> None:
+    # Signal all three first, then wait for them together: a Celery warm shutdown takes seconds.
+    stopping: dict[str, int] = {}
     for name in ("beat", "worker", "server"):
         pid = _running(name)
-        if pid is None:
-            _pid_file(name).unlink(missing_ok=True)
-            continue
-        os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _pid_file(name).unlink(missing_ok=True)
+        if pid is not None:
+            os.killpg(pid, signal.SIGTERM)
+            stopping[name] = pid
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in stopping.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for name, pid in stopping.items():
         if _alive(pid):
             os.killpg(pid, signal.SIGKILL)
-        _pid_file(name).unlink(missing_ok=True)
         print(f"• stopped {name} (pid {pid})")
 
 

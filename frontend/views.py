@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -20,5 +18,5 @@ def jobs_page(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "frontend/jobs.html",
-        {"tenant": tenant, "jobs": job_list, "jobs_json": json.dumps(job_list), "pool": jobs.pool_summary()},
+        {"tenant": tenant, "jobs": job_list, "pool": jobs.pool_summary()},
     )

@@ -1,33 +1,11 @@
-"""The integration tier runs the production topology against PostgreSQL and Redis.
-
-One `polychip up` per test module starts a real ASGI server (uvicorn), a real Celery worker and
-beat, all pointed at the test database that pytest-django created. Tests talk to it over HTTP
-and WebSocket, as clients do, and read the database to check what it did.
-"""
+"""The integration tier runs the production topology against PostgreSQL and Redis (see tests/stack.py)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
 import redis
-import requests
 
-ROOT = Path(__file__).resolve().parents[2]
-TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.stack import api_for, stack  # noqa: F401  (fixtures shared with the e2e tier)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -41,65 +19,3 @@ def _require_services() -> None:
         pytest.fail("the integration tier runs Celery on Redis: set CELERY_BROKER_URL (make test does)")
     # Drop messages that an interrupted earlier run left behind.
     redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
-
-
-@pytest.fixture(scope="module")
-def stack(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from django.db import connection
-
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    settings_dict = connection.settings_dict
-    env = dict(
-        os.environ,
-        DATABASE_URL=(
-            f"postgres://{settings_dict['USER']}@{settings_dict['HOST']}:{settings_dict['PORT']}/{settings_dict['NAME']}"
-        ),
-        POLYCHIP_VAR_DIR=str(tmp_path_factory.mktemp("var")),
-        POLYCHIP_PUBLIC_URL=url,
-        POLYCHIP_SWEEP_SECONDS="0.5",
-    )
-    cli = [sys.executable, "-m", "controlplane.cli"]
-    with django_db_blocker.unblock():
-        subprocess.run([*cli, "up", "--port", str(port)], env=env, cwd=ROOT, check=True, timeout=120)
-    try:
-        yield url
-    finally:
-        subprocess.run([*cli, "down"], env=env, cwd=ROOT, timeout=60)
-        logs = Path(env["POLYCHIP_VAR_DIR"]) / "log"
-        for log in sorted(logs.glob("*.log")):
-            tail = log.read_text(errors="replace")[-3000:]
-            if "Traceback" in tail:
-                print(f"--- {log.name} (tail) ---\n{tail}")
-
-
-class Api:
-    def __init__(self, url: str, token: str | None) -> None:
-        self.url = url
-        self.session = requests.Session()
-        if token:
-            self.session.headers["Authorization"] = f"Bearer {token}"
-
-    def get(self, path: str) -> requests.Response:
-        return self.session.get(f"{self.url}{path}", timeout=30)
-
-    def post(self, path: str, body: Any = None) -> requests.Response:
-        return self.session.post(f"{self.url}{path}", json=body, timeout=30)
-
-    def wait_for(self, job_id: int, states: set[str], timeout_s: float = 120) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            job = self.get(f"/api/v1/jobs/{job_id}").json()
-            if job["state"] in states:
-                return job
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} stayed {job['state']} for {timeout_s} s: {job}")
-            time.sleep(0.2)
-
-
-@pytest.fixture
-def api_for(stack: str):
-    def make(token: str | None) -> Api:
-        return Api(stack, token)
-
-    return make

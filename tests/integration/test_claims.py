@@ -31,9 +31,7 @@ def test_transitions_are_claims_exactly_one_concurrent_finisher_wins(tenants, po
         finally:
             connection.close()
 
-    threads = [
-        threading.Thread(target=finish, args=(s,)) for s in ("cancelled", "failed", "cancelled", "failed")
-    ]
+    threads = [threading.Thread(target=finish, args=(s,)) for s in ("cancelled", "failed", "cancelled", "failed")]
     for t in threads:
         t.start()
     for t in threads:
@@ -47,6 +45,7 @@ def test_transitions_are_claims_exactly_one_concurrent_finisher_wins(tenants, po
 def test_running_admission_and_provisioning_twice_changes_nothing(tenants, pool, settings, tmp_path):
     settings.POLYCHIP_RUNS_DIR = tmp_path / "runs"
     from jobs.backends import get_backend
+
     get_backend.cache_clear()
     try:
         job = services.submit_job(tenant_id=tenants[0].id, user_id=None, spec=parse_job_spec(SPEC))

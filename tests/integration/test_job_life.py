@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
 from billing.models import UsageRecord
-from jobs import services
 from jobs.models import Allocation, JobEvent, JobState, TrainingJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -207,7 +205,9 @@ def test_a_websocket_without_a_session_is_refused(stack):
     import websockets
 
     async def connect() -> None:
-        async with websockets.connect(stack.replace("http", "ws") + "/ws/jobs/", additional_headers={"Origin": stack}) as ws:
+        async with websockets.connect(
+            stack.replace("http", "ws") + "/ws/jobs/", additional_headers={"Origin": stack}
+        ) as ws:
             await ws.recv()
 
     with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from jobs import services
@@ -16,9 +19,12 @@ def test_a_signed_in_user_sees_their_tenants_jobs_and_the_pool(client, tenants, 
     services.submit_job(tenant_id=acme.id, user_id=None, spec=spec)
 
     assert client.login(username=acme.username, password=acme.password)
-    page = client.get("/").content.decode()
-    assert "acme-secret-run" in page and "Ascend 910B" in page and "/ws/jobs/" not in page  # the URL lives in JS
-    assert 'src="/static/frontend/jobs.js"' in page
+    response = client.get("/")
+    page = response.content.decode()
+    assert "Ascend 910B" in page and 'src="/static/frontend/jobs.js"' in page
+    # The rows are drawn by jobs.js from this JSON, then kept live over the WebSocket.
+    initial = json.loads(re.search(r'<script id="initial-jobs" type="application/json">(.*?)</script>', page).group(1))
+    assert [(job["name"], job["state"]) for job in initial] == [("acme-secret-run", "queued")]
 
     client.logout()
     assert client.login(username=initech.username, password=initech.password)

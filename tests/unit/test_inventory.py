@@ -20,8 +20,15 @@ def test_the_demo_pool_has_two_gpu_generations_an_npu_and_a_tpu():
 
 def _doc(**changes):
     flavor = {
-        "vendor": "v", "kind": "gpu", "model": "m", "peak_bf16_tflops": 1, "memory_gib": 1, "interconnect": "x",
-        "interconnect_gbps": 1, "torch_device_type": "cuda", "collective_backend": "nccl",
+        "vendor": "v",
+        "kind": "gpu",
+        "model": "m",
+        "peak_bf16_tflops": 1,
+        "memory_gib": 1,
+        "interconnect": "x",
+        "interconnect_gbps": 1,
+        "torch_device_type": "cuda",
+        "collective_backend": "nccl",
     }
     doc = {"flavors": {"f": flavor}, "nodes": [{"name": "n", "flavor": "f", "devices": 1}]}
     for path, value in changes.items():

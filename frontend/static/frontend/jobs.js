@@ -11,6 +11,7 @@
   function deviceChips(devices) {
     const counts = new Map();
     for (const d of devices) counts.set(d.flavor, (counts.get(d.flavor) || 0) + 1);
+    if (!counts.size) return "–";
     return [...counts].map(([flavor, n]) => `<span class="chip">${n}× ${flavor}</span>`).join("");
   }
 
@@ -34,7 +35,7 @@
       <td><div class="chips">${deviceChips(job.devices)}</div></td>
       <td><span class="bar-outer"><span class="bar-inner" style="width:${pct}%"></span></span>
           <span class="num">${job.progress.steps_done}/${job.progress.total_steps}</span></td>
-      <td class="num">${fmtLoss(job.loss.first)} → ${fmtLoss(job.loss.last)}</td>
+      <td class="num">${job.loss.first === null ? "–" : `${fmtLoss(job.loss.first)} → ${fmtLoss(job.loss.last)}`}</td>
       <td class="num">${text(job.progress.samples_per_s)}</td>`;
     if (changed) { row.classList.remove("flash"); void row.offsetWidth; row.classList.add("flash"); }
     jobs.set(job.id, job);
