@@ -136,7 +136,6 @@ class JobEvent(models.Model):
         raise AppendOnlyError("job events are append-only")
 
 
-
 class Allocation(models.Model):
     """A device held by a job from ``started_at`` until ``ended_at`` (open while null)."""
 

@@ -195,9 +195,7 @@ def sync_pool(pool: Pool) -> int:
         )
     flavors = {f.name: f for f in Flavor.objects.all()}
     for spec in pool.nodes:
-        Node.objects.update_or_create(
-            name=spec.name, defaults={"flavor": flavors[spec.flavor], "rack": spec.rack}
-        )
+        Node.objects.update_or_create(name=spec.name, defaults={"flavor": flavors[spec.flavor], "rack": spec.rack})
     nodes = {n.name: n for n in Node.objects.all()}
     devices = pool.devices()
     for device in devices:

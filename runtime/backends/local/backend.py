@@ -1,0 +1,348 @@
+"""The local backend: each device of a job is a process on this host, talking gloo over loopback.
+
+Layout of a run directory ``RUNS_DIR/<job_id>/``:
+
+- ``launch.lock``: created exclusively by the one provision call that launches the job;
+- ``rank<N>.json``: each rank's worker config; ``launch.json``: what the supervisor starts;
+- ``supervisor.pid``, ``supervisor.out``, ``supervisor.err``: the detached supervisor;
+- ``status.json``: phase, reason and per-rank pid / exit code, kept by the supervisor;
+- ``rank<N>.out``, ``rank<N>.err``: each rank's output;
+- ``speed.rank<N>`` (optional): a float that overrides rank N's relative speed while it runs;
+- ``telemetry.rank<N>.jsonl`` (when ``telemetry_files`` is on): every telemetry event of rank N.
+
+Handles are ``{"backend": "local", "run_dir": str, "job_id": str}``: any process on this host can
+observe or tear down a job from its handle alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import runtime
+from runtime.backends.base import LaunchRequest, Observation, Phase, RankState
+from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
+from runtime.backends.local.procs import pid_alive, signal_group, signal_pid
+from runtime.backends.local.supervisor import LAUNCH_FILE, PID_FILE, STATUS_FILE
+from runtime.worker.config import WorkerConfig, equal_split
+
+LOCK_FILE = "launch.lock"
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_SUPERVISOR_MODULE = "runtime.backends.local.supervisor"
+_RANK_MODULE = "runtime.backends.local.rank"
+# How long provision waits for the detached supervisor to announce its pid.
+_START_TIMEOUT_S = 15.0
+# A run dir with a launch lock but no supervisor pid after this long was abandoned mid-launch.
+_STARTUP_GRACE_S = 60.0
+_FINAL_PHASES = {"succeeded": Phase.SUCCEEDED, "failed": Phase.FAILED}
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it; rank 0 binds it shortly after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _project_root() -> Path:
+    return Path(runtime.__file__).resolve().parent.parent
+
+
+def _relative_speed(profiles: dict[str, dict[str, Any]], flavor: str) -> float:
+    if flavor not in profiles:
+        known = ", ".join(sorted(profiles)) or "none"
+        raise ValueError(f"flavor {flavor!r} has no local profile (known: {known}); add it to the pool file")
+    speed = profiles[flavor].get("relative_speed", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, int | float) or not math.isfinite(speed) or speed <= 0:
+        raise ValueError(f"flavors.{flavor}.local_profile.relative_speed: must be a number > 0, got {speed!r}")
+    return float(speed)
+
+
+class LocalBackend:
+    """Runs jobs as local processes; a flavor's ``relative_speed`` stretches each rank's steps."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        runs_dir: str | Path,
+        profiles: dict[str, dict[str, Any]],
+        sample_time_ms: float = 0.5,
+        python: str = sys.executable,
+        *,
+        telemetry_files: bool = False,
+        grace_s: float = 5.0,
+        worker_overrides: dict[int, dict[str, Any]] | None = None,
+    ) -> None:
+        """``profiles`` maps flavor -> {"relative_speed": float} (``Pool.local_profiles``).
+
+        ``sample_time_ms`` is the emulated time per sample at relative speed 1.0. ``telemetry_files``
+        also records each rank's events as JSON lines in the run dir. ``grace_s`` is how long a
+        SIGTERMed rank gets before SIGKILL. ``worker_overrides`` merges extra keys into rank N's
+        worker config (e.g. ``{1: {"fail_at_step": 3}}`` for fault injection in tests).
+        """
+        if sample_time_ms < 0:
+            raise ValueError(f"sample_time_ms must be >= 0, got {sample_time_ms}")
+        self.runs_dir = Path(runs_dir).resolve()
+        self.profiles = {flavor: dict(profile) for flavor, profile in profiles.items()}
+        self.sample_time_ms = float(sample_time_ms)
+        self.python = python
+        self.telemetry_files = telemetry_files
+        self.grace_s = grace_s
+        self.worker_overrides = worker_overrides or {}
+
+    # -- provision ---------------------------------------------------------------------------------
+
+    def provision(self, request: LaunchRequest) -> dict[str, Any]:
+        self._validate(request)
+        speeds = {p.rank: _relative_speed(self.profiles, p.flavor) for p in request.placements}
+        run_dir = self.runs_dir / request.job_id
+        handle = {"backend": self.name, "run_dir": str(run_dir), "job_id": request.job_id}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            # The exclusive create is the claim: of two concurrent provisions only one launches.
+            fd = os.open(run_dir / LOCK_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return handle
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"pid": os.getpid(), "at": time.time()}, fh)
+        try:
+            self._write_launch(request, run_dir, speeds)
+            intermediate = self._start_supervisor(run_dir)
+        except BaseException:
+            # Nothing was started: release the claim so a retry can launch.
+            (run_dir / LOCK_FILE).unlink(missing_ok=True)
+            raise
+        self._await_supervisor(run_dir, intermediate)
+        return handle
+
+    def _validate(self, request: LaunchRequest) -> None:
+        if not _JOB_ID.match(request.job_id):
+            raise ValueError(
+                f"job_id {request.job_id!r}: use 1-128 letters, digits, '_', '-' or '.', "
+                "starting with a letter or digit"
+            )
+        ranks = sorted(p.rank for p in request.placements)
+        if ranks != list(range(len(ranks))) or not ranks:
+            raise ValueError(f"placements: ranks must be 0..n-1, each once; got {ranks}")
+        if request.workload.global_batch < len(ranks):
+            raise ValueError(
+                f"workload.global_batch ({request.workload.global_batch}) must be at least "
+                f"the number of ranks ({len(ranks)})"
+            )
+
+    def _write_launch(self, request: LaunchRequest, run_dir: Path, speeds: dict[int, float]) -> None:
+        world_size = len(request.placements)
+        port = find_free_port()
+        micro = equal_split(request.workload.global_batch, world_size)
+        entries = []
+        for placement in sorted(request.placements, key=lambda p: p.rank):
+            rank = placement.rank
+            config = WorkerConfig(
+                job_id=request.job_id,
+                rank=rank,
+                world_size=world_size,
+                master_addr="127.0.0.1",
+                master_port=port,
+                flavor=placement.flavor,
+                device_id=placement.device_id,
+                workload=request.workload,
+                micro_batches=micro,
+                artifacts_dir=request.artifacts_dir,
+                telemetry_url=request.telemetry_url,
+                telemetry_token=request.telemetry_token,
+                telemetry_file=str(run_dir / f"telemetry.rank{rank}.jsonl") if self.telemetry_files else None,
+            ).to_dict()
+            config.update(self.worker_overrides.get(rank, {}))
+            config_path = run_dir / f"rank{rank}.json"
+            atomic_write_json(config_path, config)
+            entries.append(
+                {
+                    "rank": rank,
+                    "config": str(config_path),
+                    "speed": speeds[rank],
+                    "speed_file": str(run_dir / f"speed.rank{rank}"),
+                }
+            )
+        atomic_write_json(
+            run_dir / LAUNCH_FILE,
+            {
+                "job_id": request.job_id,
+                "python": self.python,
+                "sample_time_ms": self.sample_time_ms,
+                "grace_s": self.grace_s,
+                "ranks": entries,
+            },
+        )
+
+    def _start_supervisor(self, run_dir: Path) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        # The supervisor and ranks import ``runtime`` from the same tree as this process.
+        root = str(_project_root())
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        with open(run_dir / "supervisor.out", "ab") as out, open(run_dir / "supervisor.err", "ab") as err:
+            return subprocess.Popen(
+                [self.python, "-m", _SUPERVISOR_MODULE, str(run_dir)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=run_dir,
+                env=env,
+                start_new_session=True,  # out of the caller's process group and terminal
+                close_fds=True,
+            )
+
+    def _await_supervisor(self, run_dir: Path, intermediate: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        # The intermediate process forks the supervisor and exits at once; reap it.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            intermediate.wait(timeout=_START_TIMEOUT_S)
+        while time.monotonic() < deadline:
+            if (run_dir / PID_FILE).exists():
+                return
+            if intermediate.returncode not in (None, 0):
+                break
+            time.sleep(0.02)
+        raise RuntimeError(
+            f"local backend: the supervisor for {run_dir.name} did not start: "
+            f"{tail(run_dir / 'supervisor.err') or 'no output'}"
+        )
+
+    # -- observe -----------------------------------------------------------------------------------
+
+    def observe(self, handle: dict[str, Any]) -> Observation:
+        run_dir = self._run_dir(handle)
+        if not run_dir.is_dir():
+            return Observation(phase=Phase.GONE, reason=f"{run_dir} does not exist")
+        final = self._final_status(run_dir)
+        if final is not None:
+            return final
+        status = read_json(run_dir / STATUS_FILE)
+        ranks = _rank_states(status)
+        pid = _read_pid(run_dir / PID_FILE)
+        if pid is None:
+            lock = run_dir / LOCK_FILE
+            try:
+                age = time.time() - lock.stat().st_mtime
+            except FileNotFoundError:
+                return Observation(phase=Phase.GONE, reason=f"{run_dir} holds no launched job")
+            if age < _STARTUP_GRACE_S:
+                return Observation(phase=Phase.PENDING, reason="supervisor starting")
+            return Observation(
+                phase=Phase.FAILED, reason=f"the supervisor never started ({age:.0f} s since the launch was claimed)"
+            )
+        if pid_alive(pid, str(run_dir)):
+            return Observation(phase=Phase.RUNNING, ranks=ranks)
+        # It may have written the final status just before exiting.
+        final = self._final_status(run_dir)
+        if final is not None:
+            return final
+        err = tail(run_dir / "supervisor.err")
+        reason = f"the supervisor (pid {pid}) died without a final status"
+        return Observation(phase=Phase.FAILED, ranks=ranks, reason=f"{reason}: {err}" if err else reason)
+
+    def _final_status(self, run_dir: Path) -> Observation | None:
+        status = read_json(run_dir / STATUS_FILE)
+        if not isinstance(status, dict) or status.get("phase") not in _FINAL_PHASES:
+            return None
+        return Observation(
+            phase=_FINAL_PHASES[status["phase"]], ranks=_rank_states(status), reason=str(status.get("reason", ""))
+        )
+
+    # -- teardown ----------------------------------------------------------------------------------
+
+    def teardown(self, handle: dict[str, Any]) -> None:
+        run_dir = self._run_dir(handle)
+        if not run_dir.is_dir():
+            return
+        before = self.observe(handle)
+        if self._alive_pids(run_dir) != (None, []):
+            self._signal(run_dir, signal.SIGTERM)
+            deadline = time.monotonic() + self.grace_s + 2.0
+            while time.monotonic() < deadline and self._alive_pids(run_dir) != (None, []):
+                time.sleep(0.05)
+            if self._alive_pids(run_dir) != (None, []):
+                self._signal(run_dir, signal.SIGKILL)
+                deadline = time.monotonic() + 5.0
+                while time.monotonic() < deadline and self._alive_pids(run_dir) != (None, []):
+                    time.sleep(0.05)
+        # A job that had already failed (its supervisor died) keeps that cause on record.
+        self._mark_torn_down(run_dir, before.reason if before.phase == Phase.FAILED else "torn down")
+
+    def _alive_pids(self, run_dir: Path) -> tuple[int | None, list[int]]:
+        """The supervisor's pid if it runs, and the pids of rank processes that still run."""
+        sup_pid = _read_pid(run_dir / PID_FILE)
+        if sup_pid is not None and not pid_alive(sup_pid, str(run_dir)):
+            sup_pid = None
+        ranks = [
+            r.pid
+            for r in _rank_states(read_json(run_dir / STATUS_FILE))
+            if r.pid is not None and pid_alive(r.pid, str(run_dir / f"rank{r.rank}.json"))
+        ]
+        return sup_pid, ranks
+
+    def _signal(self, run_dir: Path, signum: int) -> None:
+        sup_pid, rank_pids = self._alive_pids(run_dir)
+        if sup_pid is not None:
+            signal_group(sup_pid, signum)  # the supervisor leads its group (pgid == pid), ranks included
+        # Ranks outlive a supervisor killed with SIGKILL only briefly (they get SIGTERM on its death),
+        # but signal them one by one too.
+        for pid in rank_pids:
+            signal_pid(pid, signum)
+
+    def _mark_torn_down(self, run_dir: Path, reason: str) -> None:
+        # Leave a final status unless the supervisor already wrote one (success stays success).
+        if self._final_status(run_dir) is not None or not (run_dir / LOCK_FILE).exists():
+            return
+        status = read_json(run_dir / STATUS_FILE)
+        data = status if isinstance(status, dict) else {"ranks": []}
+        data.update({"phase": "failed", "reason": reason, "updated_at": time.time()})
+        atomic_write_json(run_dir / STATUS_FILE, data)
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def set_speed(self, handle: dict[str, Any], rank: int, relative_speed: float) -> None:
+        """Change a running rank's emulated speed; it takes effect within about half a second."""
+        if not math.isfinite(relative_speed) or relative_speed <= 0:
+            raise ValueError(f"relative_speed must be a number > 0, got {relative_speed}")
+        atomic_write_text(self._run_dir(handle) / f"speed.rank{rank}", f"{relative_speed!r}\n")
+
+    def _run_dir(self, handle: dict[str, Any]) -> Path:
+        if handle.get("backend") != self.name or not isinstance(handle.get("run_dir"), str):
+            raise ValueError(f"not a local backend handle: {handle!r}")
+        return Path(handle["run_dir"])
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _rank_states(status: Any) -> tuple[RankState, ...]:
+    if not isinstance(status, dict) or not isinstance(status.get("ranks"), list):
+        return ()
+    states = []
+    for entry in status["ranks"]:
+        if isinstance(entry, dict) and isinstance(entry.get("rank"), int):
+            pid, code = entry.get("pid"), entry.get("exit_code")
+            states.append(
+                RankState(
+                    rank=entry["rank"],
+                    pid=pid if isinstance(pid, int) else None,
+                    exit_code=code if isinstance(code, int) else None,
+                )
+            )
+    return tuple(states)

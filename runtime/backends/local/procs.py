@@ -1,0 +1,71 @@
+"""Process helpers: liveness that is not fooled by zombies or reused pids."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+from pathlib import Path
+
+_PROC = Path("/proc")
+
+
+def pid_alive(pid: int, arg: str | None = None) -> bool:
+    """True when ``pid`` runs (not a zombie) and, if ``arg`` is given, ``arg`` is one of its arguments.
+
+    The argument check guards against pid reuse: a recycled pid belongs to some other program.
+    Without /proc (not Linux) only existence is checked.
+    """
+    if pid <= 0:
+        return False
+    proc = _PROC / str(pid)
+    if _PROC.is_dir():
+        try:
+            stat = (proc / "stat").read_text()
+            # The state follows the parenthesised command name, which may itself contain spaces.
+            state = stat.rsplit(")", 1)[1].split()[0]
+            if state in ("Z", "X"):
+                return False
+            if arg is not None:
+                return arg.encode() in (proc / "cmdline").read_bytes().split(b"\0")
+            return True
+        except (OSError, IndexError):
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def signal_pid(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signum)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child before exec: get SIGTERM when the parent dies (Linux only; elsewhere a no-op).
+
+    Keeps ranks from training on, unobserved, after their supervisor was killed.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc_name = ctypes.util.find_library("c") or "libc.so.6"
+    try:
+        libc = ctypes.CDLL(libc_name, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    except OSError:
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)

@@ -1,0 +1,263 @@
+"""Supervisor of one local job: ``python -m runtime.backends.local.supervisor RUN_DIR``.
+
+Started detached by ``LocalBackend.provision``: it forks once more and calls setsid, so it is
+reparented away from the provisioning process (a Celery worker child may die or never reap it) and
+leads its own process group, which ``teardown`` signals as a whole. It then:
+
+1. writes ``RUN_DIR/supervisor.pid`` (and launches nothing if the run was already torn down);
+2. starts one rank launcher process per rank, as described by ``RUN_DIR/launch.json``, with stdout
+   and stderr to ``RUN_DIR/rank<N>.out`` / ``rank<N>.err``;
+3. keeps ``RUN_DIR/status.json`` current (atomically): phase, reason, each rank's pid and exit code;
+4. if a rank exits non-zero, terminates the others (SIGTERM, then SIGKILL after ``grace_s``);
+5. when every rank has exited writes the final status, ``succeeded`` or ``failed`` with a reason that
+   names the rank that failed first (a rank that only lost a peer is not blamed when another is to
+   blame) and the tail of its stderr.
+
+SIGTERM, SIGINT or SIGHUP to the supervisor tears the ranks down the same way, status ``failed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
+from runtime.backends.local.procs import die_with_parent, signal_pid
+from runtime.worker.cli import EXIT_BAD_CONFIG, EXIT_PEER_LOST
+
+LAUNCH_FILE = "launch.json"
+STATUS_FILE = "status.json"
+PID_FILE = "supervisor.pid"
+POLL_S = 0.05
+DEFAULT_GRACE_S = 5.0
+
+
+@dataclass
+class _Rank:
+    rank: int
+    argv: list[str]
+    stdout: Path
+    stderr: Path
+    proc: subprocess.Popen[bytes] | None = None
+    exit_code: int | None = None
+    exited_at: float | None = None
+    terminated_by_us: bool = False
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    meaning = {EXIT_BAD_CONFIG: " (unusable config)", EXIT_PEER_LOST: " (lost a peer)"}.get(code, "")
+    return f"exited with code {code}{meaning}"
+
+
+class Supervisor:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.status_path = run_dir / STATUS_FILE
+        self.ranks: list[_Rank] = []
+        self.started_at = time.time()
+        self.stop_reason: str | None = None
+        self.job_id = ""
+        self.grace_s = DEFAULT_GRACE_S
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = f"torn down (supervisor received {signal.Signals(signum).name})"
+
+    def write_status(self, phase: str, reason: str = "") -> None:
+        atomic_write_json(
+            self.status_path,
+            {
+                "job_id": self.job_id,
+                "phase": phase,
+                "reason": reason,
+                "supervisor_pid": os.getpid(),
+                "started_at": self.started_at,
+                "updated_at": time.time(),
+                "ranks": [
+                    {"rank": r.rank, "pid": r.proc.pid if r.proc else None, "exit_code": r.exit_code}
+                    for r in self.ranks
+                ],
+            },
+        )
+
+    def load(self) -> str | None:
+        """Read launch.json; returns an error message when it is unusable."""
+        launch = read_json(self.run_dir / LAUNCH_FILE)
+        if not isinstance(launch, dict) or not isinstance(launch.get("ranks"), list) or not launch["ranks"]:
+            return f"{self.run_dir / LAUNCH_FILE} is missing or not a launch description"
+        self.job_id = str(launch.get("job_id", ""))
+        self.grace_s = float(launch.get("grace_s", DEFAULT_GRACE_S))
+        python = str(launch.get("python") or sys.executable)
+        try:
+            for entry in launch["ranks"]:
+                argv = [
+                    python,
+                    "-m",
+                    "runtime.backends.local.rank",
+                    "--config",
+                    str(entry["config"]),
+                    "--speed",
+                    repr(float(entry["speed"])),
+                    "--sample-time-ms",
+                    repr(float(launch["sample_time_ms"])),
+                ]
+                if entry.get("speed_file"):
+                    argv += ["--speed-file", str(entry["speed_file"])]
+                rank = int(entry["rank"])
+                self.ranks.append(_Rank(rank, argv, self.run_dir / f"rank{rank}.out", self.run_dir / f"rank{rank}.err"))
+        except (KeyError, TypeError, ValueError) as exc:
+            return f"{self.run_dir / LAUNCH_FILE}: bad entry ({exc!r})"
+        return None
+
+    def spawn(self) -> None:
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env.setdefault(var, "1")
+        if sys.platform.startswith("linux"):
+            # All ranks talk over loopback; without this gloo resolves the hostname, which fails in
+            # some containers.
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        me = os.getpid()
+        for r in self.ranks:
+            with open(r.stdout, "ab") as out, open(r.stderr, "ab") as err:
+                r.proc = subprocess.Popen(
+                    r.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    cwd=self.run_dir,
+                    env=env,
+                    preexec_fn=lambda: die_with_parent(me),
+                )
+
+    def _alive(self) -> list[_Rank]:
+        return [r for r in self.ranks if r.proc is not None and r.exit_code is None]
+
+    def _begin_termination(self) -> float:
+        for r in self._alive():
+            r.terminated_by_us = True
+            assert r.proc is not None
+            signal_pid(r.proc.pid, signal.SIGTERM)
+        return time.monotonic() + self.grace_s
+
+    def _failure_reason(self) -> str:
+        failed = sorted(
+            (r for r in self.ranks if r.exit_code not in (None, 0) and r.exited_at is not None),
+            key=lambda r: r.exited_at or 0.0,
+        )
+        if not failed:
+            return ""
+        # The culprit: the first to fail on its own, not a rank that merely lost a peer or that we stopped.
+        causes = [r for r in failed if r.exit_code != EXIT_PEER_LOST and not r.terminated_by_us]
+        culprit = (causes or failed)[0]
+        assert culprit.exit_code is not None
+        reason = f"rank {culprit.rank} {_describe_exit(culprit.exit_code)}"
+        stderr_tail = tail(culprit.stderr)
+        if not stderr_tail:
+            return reason
+        # The worker's last line says why in one line; the tail follows for whoever digs deeper.
+        return f"{reason}: {stderr_tail.splitlines()[-1]}\n--- stderr of rank {culprit.rank} ---\n{stderr_tail}"
+
+    def supervise(self) -> str:
+        """Wait for the ranks, stopping them all on the first failure; returns the final phase."""
+        kill_at: float | None = None
+        failed = False
+        self.write_status("running")
+        while True:
+            changed = False
+            for r in self._alive():
+                assert r.proc is not None
+                code = r.proc.poll()
+                if code is not None:
+                    r.exit_code, r.exited_at, changed = code, time.monotonic(), True
+                    failed = failed or code != 0
+            if kill_at is None and (failed or self.stop_reason is not None):
+                kill_at = self._begin_termination()
+            if kill_at is not None and time.monotonic() >= kill_at:
+                for r in self._alive():
+                    assert r.proc is not None
+                    signal_pid(r.proc.pid, signal.SIGKILL)
+            if not self._alive():
+                break
+            if changed:
+                self.write_status("running", self._failure_reason())
+            time.sleep(POLL_S)
+        if self.stop_reason is not None:
+            cause = self._failure_reason()
+            self.write_status("failed", f"{self.stop_reason}; {cause}" if cause else self.stop_reason)
+            return "failed"
+        if failed:
+            self.write_status("failed", self._failure_reason())
+            return "failed"
+        self.write_status("succeeded")
+        return "succeeded"
+
+    def run(self) -> int:
+        # Handlers before the pid file: once teardown can find this process, SIGTERM is handled.
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
+        atomic_write_text(self.run_dir / PID_FILE, f"{os.getpid()}\n")
+        previous = read_json(self.status_path)
+        if isinstance(previous, dict) and previous.get("phase") in ("succeeded", "failed"):
+            return 0  # torn down (or finished) before this supervisor got going: launch nothing
+        error = self.load()
+        if error is not None:
+            self.write_status("failed", error)
+            return 1
+        if self.stop_reason is not None:
+            self.write_status("failed", self.stop_reason)
+            return 0
+        try:
+            self.spawn()
+        except OSError as exc:
+            for r in self._alive():
+                assert r.proc is not None
+                signal_pid(r.proc.pid, signal.SIGKILL)
+                r.exit_code = r.proc.wait()
+            self.write_status("failed", f"could not start the rank processes: {exc}")
+            return 1
+        self.supervise()
+        return 0
+
+
+def _daemonize() -> None:
+    # Fork so the process the provisioner started exits at once (it reaps it, no zombie), and
+    # setsid so this process leads a fresh group that teardown can signal as a whole.
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime.backends.local.supervisor")
+    parser.add_argument("run_dir")
+    parser.add_argument("--foreground", action="store_true", help="do not fork (for debugging)")
+    args = parser.parse_args(argv)
+    run_dir = Path(args.run_dir).resolve()
+    if not args.foreground:
+        _daemonize()
+    supervisor = Supervisor(run_dir)
+    try:
+        return supervisor.run()
+    except Exception as exc:  # leave a final status behind rather than a silent corpse
+        supervisor.write_status("failed", f"supervisor crashed: {exc!r}")
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from runtime.worker.cli import main
+
+sys.exit(main())

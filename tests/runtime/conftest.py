@@ -1,0 +1,83 @@
+"""Helpers for the runtime tier: real processes, no Django, no database.
+
+Every LocalBackend job a test starts is torn down afterwards, pass or fail, so no test leaves
+processes behind.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.backends.base import Observation, Phase
+from runtime.backends.local import LocalBackend
+from runtime.inventory import Pool, load_pool
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_POOL = REPO / "runtime" / "pools" / "demo.yaml"
+FINAL = (Phase.SUCCEEDED, Phase.FAILED, Phase.GONE)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X") and text in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until_final(backend: LocalBackend, handle: dict[str, Any], timeout_s: float) -> Observation:
+    deadline = time.monotonic() + timeout_s
+    observation = backend.observe(handle)
+    while observation.phase not in FINAL and time.monotonic() < deadline:
+        time.sleep(0.25)
+        observation = backend.observe(handle)
+    return observation
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()
+
+
+@pytest.fixture(scope="session")
+def demo_pool() -> Pool:
+    return load_pool(DEMO_POOL)
+
+
+@pytest.fixture
+def make_backend(tmp_path: Path, demo_pool: Pool) -> Iterator[Callable[..., LocalBackend]]:
+    """Build LocalBackends over the demo pool's profiles; their jobs are torn down at the end."""
+    made: list[LocalBackend] = []
+
+    def make(**kwargs: Any) -> LocalBackend:
+        kwargs.setdefault("sample_time_ms", 0.1)
+        kwargs.setdefault("grace_s", 3.0)
+        backend = LocalBackend(tmp_path / "runs", demo_pool.local_profiles, **kwargs)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        runs = backend.runs_dir
+        if runs.is_dir():
+            for run_dir in runs.iterdir():
+                if run_dir.is_dir():
+                    backend.teardown({"backend": "local", "run_dir": str(run_dir), "job_id": run_dir.name})
