@@ -111,53 +111,28 @@ def _wait_healthy(url: str, timeout_s: float = 60) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> str:
-    host, port = args.host, args.port
-    url = f"http://{host}:{port}"
-    env = dict(os.environ, POLYCHIP_PUBLIC_URL=os.environ.get("POLYCHIP_PUBLIC_URL", url), PYTHONUNBUFFERED="1")
-    os.environ.update(POLYCHIP_PUBLIC_URL=env["POLYCHIP_PUBLIC_URL"])
-    print("• migrating the database", flush=True)
+    url = f"http://{args.host}:{args.port}"
+    public_url = os.environ.setdefault("POLYCHIP_PUBLIC_URL", url)
+    env = dict(os.environ, POLYCHIP_PUBLIC_URL=public_url, PYTHONUNBUFFERED="1")
+    print("• migrating the database, loading the pool and the demo tenant", flush=True)
     _manage("migrate", "--noinput", "-v", "0")
     _manage("load_pool")
-    _manage(
-        "ensure_tenant", "--user", DEMO_USER, "--password", DEMO_PASSWORD, "--token-file", str(var_dir() / "demo-token")
-    )
-    celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
-    _spawn(
-        "server",
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "controlplane.asgi:application",
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        env,
-    )
-    _spawn(
-        "worker",
-        [
-            *celery,
-            "worker",
-            "--loglevel",
-            "INFO",
-            "--concurrency",
-            "2",
-            "--without-mingle",
-            "--without-gossip",
-            "--hostname",
-            "polychip@%h",
-        ],
-        env,
-    )
-    _spawn("beat", [*celery, "beat", "--loglevel", "INFO", "--schedule", str(var_dir() / "celerybeat-schedule")], env)
+    token_file = str(var_dir() / "demo-token")
+    _manage("ensure_tenant", "--user", DEMO_USER, "--password", DEMO_PASSWORD, "--token-file", token_file)
+    _manage("ensure_operator", "--username", OPERATOR_USER, "--password", OPERATOR_PASSWORD)
+
+    python = [sys.executable, "-m"]
+    server = f"uvicorn controlplane.asgi:application --host {args.host} --port {args.port} --log-level warning"
+    worker = "celery -A controlplane worker --loglevel INFO --concurrency 2 --without-mingle --without-gossip"
+    beat = "celery -A controlplane beat --loglevel INFO --schedule"
+    _spawn("server", [*python, *server.split()], env)
+    _spawn("worker", [*python, *worker.split(), "--hostname", "polychip@%h"], env)
+    _spawn("beat", [*python, *beat.split(), str(var_dir() / "celerybeat-schedule")], env)
     _wait_healthy(url)
+    print(f"• Polychip is up: portal {url}/ (user {DEMO_USER}, password {DEMO_PASSWORD})", flush=True)
     print(
-        f"• Polychip is up: portal {url}/  (user {DEMO_USER} / {DEMO_PASSWORD}), API {url}/api/v1/, admin {url}/admin/",
+        f"  API {url}/api/v1/ (token in {token_file}); admin console {url}/admin/ "
+        f"(user {OPERATOR_USER}, password {OPERATOR_PASSWORD})",
         flush=True,
     )
     print(f"  logs in {var_dir() / 'log'}; stop everything with: make down", flush=True)
