@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from controlplane.cli import DEMO_PASSWORD, DEMO_SPEC, DEMO_USER, Client, follow  # noqa: E402
+from tests.stack import portal_session  # noqa: E402
 
 
 def free_port() -> int:
@@ -46,20 +47,6 @@ def cli(env: dict[str, str], *args: str) -> None:
     subprocess.run(
         [sys.executable, "-m", "controlplane.cli", *args], env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL
     )
-
-
-def login(url: str) -> requests.Session:
-    session = requests.Session()
-    session.get(f"{url}/login/", timeout=10)
-    response = session.post(
-        f"{url}/login/",
-        data={"username": DEMO_USER, "password": DEMO_PASSWORD, "csrfmiddlewaretoken": session.cookies["csrftoken"]},
-        headers={"Referer": f"{url}/login/"},
-        timeout=10,
-    )
-    response.raise_for_status()
-    assert "sessionid" in session.cookies, "login failed"
-    return session
 
 
 async def measure_push(url: str, session: requests.Session, client: Client, samples: int) -> list[float]:
@@ -141,7 +128,7 @@ def main() -> None:
                 print(f"  demo trial {trial + 1}: {walls[-1]:.2f} s", flush=True)
             figures["demo_job_wall_s"] = round(statistics.median(walls), 2)
 
-            latencies = asyncio.run(measure_push(url, login(url), client, samples))
+            latencies = asyncio.run(measure_push(url, portal_session(url, DEMO_USER, DEMO_PASSWORD), client, samples))
             latencies.sort()
             figures["ws_push_latency_ms_p50"] = round(statistics.median(latencies), 1)
             figures["ws_push_latency_ms_p95"] = round(latencies[int(0.95 * (len(latencies) - 1))], 1)

@@ -59,6 +59,21 @@ def stack(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest
                 print(f"--- {log.name} (tail) ---\n{tail}")
 
 
+def portal_session(url: str, username: str, password: str) -> requests.Session:
+    """Sign in through the portal's login form, as a browser does; the session carries the cookie."""
+    session = requests.Session()
+    session.get(f"{url}/login/", timeout=10)
+    response = session.post(
+        f"{url}/login/",
+        data={"username": username, "password": password, "csrfmiddlewaretoken": session.cookies["csrftoken"]},
+        headers={"Referer": f"{url}/login/"},
+        timeout=10,
+    )
+    if not (response.ok and "sessionid" in session.cookies):
+        raise AssertionError(f"signing in as {username} failed: HTTP {response.status_code}")
+    return session
+
+
 class Api:
     def __init__(self, url: str, token: str | None) -> None:
         self.url = url

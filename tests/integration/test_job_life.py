@@ -8,6 +8,7 @@ import pytest
 
 from billing.models import UsageRecord
 from jobs.models import Allocation, JobEvent, JobState, TrainingJob
+from tests.stack import portal_session
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -140,21 +141,6 @@ def _wait(predicate, timeout_s: float = 60) -> None:
         time.sleep(0.2)
 
 
-def _login(url: str, username: str, password: str):
-    import requests
-
-    session = requests.Session()
-    session.get(f"{url}/login/", timeout=10)
-    response = session.post(
-        f"{url}/login/",
-        data={"username": username, "password": password, "csrfmiddlewaretoken": session.cookies["csrftoken"]},
-        headers={"Referer": f"{url}/login/"},
-        timeout=10,
-    )
-    assert response.ok and "sessionid" in session.cookies
-    return session
-
-
 def test_the_portal_pushes_each_transition_to_its_tenant_only(stack, api_for, tenants, pool):
     import asyncio
     import json
@@ -166,7 +152,7 @@ def test_the_portal_pushes_each_transition_to_its_tenant_only(stack, api_for, te
     async def scenario() -> tuple[list[dict], list[dict]]:
         sockets = []
         for tenant in (acme, initech):
-            session = _login(stack, tenant.username, tenant.password)
+            session = portal_session(stack, tenant.username, tenant.password)
             cookie = "; ".join(f"{k}={v}" for k, v in session.cookies.items())
             ws = await websockets.connect(
                 stack.replace("http", "ws") + "/ws/jobs/", additional_headers={"Cookie": cookie, "Origin": stack}
