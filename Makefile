@@ -12,7 +12,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 	POLYCHIP_VAR_DIR=$(CURDIR)/var/test
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo up down status test test-unit test-integration test-runtime test-e2e lint fmt bench clean
+.PHONY: help install services demo up down status test test-unit test-integration test-runtime test-e2e lint fmt bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z][a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install Polychip with its test tools
 
+services: ## Start PostgreSQL and Redis if down, install Chromium if missing (root; .ci/services)
+	@.ci/services
+
 demo: install ## Install and run the demo job on the embedded default (servers stay up; ARGS=--stop stops them)
 	$(BIN)/polychip demo $(ARGS)
 
@@ -39,19 +42,19 @@ down: ## Stop what `make up` or `make demo` started
 status: ## Show which servers run
 	$(BIN)/polychip status
 
-test: install ## Install and run every test tier (needs PostgreSQL and Redis on 127.0.0.1)
+test: install services ## Install and run every test tier against PostgreSQL and Redis on 127.0.0.1
 	$(TEST_ENV) $(BIN)/pytest
 
 test-unit: install ## Pure unit tests: no database, seconds
 	$(BIN)/pytest tests/unit
 
-test-integration: install ## PostgreSQL + Redis + a real Celery worker, the job's life end to end
+test-integration: install services ## PostgreSQL + Redis + a real Celery worker, the job's life end to end
 	$(TEST_ENV) $(BIN)/pytest tests/integration
 
 test-runtime: install ## Real torch.distributed processes over gloo
 	$(TEST_ENV) $(BIN)/pytest tests/runtime
 
-test-e2e: install ## The portal in a real browser (Chromium)
+test-e2e: install services ## The portal in a real browser (Chromium)
 	$(TEST_ENV) $(BIN)/pytest tests/e2e
 
 lint: install ## ruff (lint and format check) and mypy

@@ -313,7 +313,7 @@ def _allocate(job: TrainingJob, placement: Placement, now: datetime) -> None:
 
 
 def admit_queued_jobs() -> list[int]:
-    """One admission round: FIFO over queued jobs, all-or-nothing gangs. Returns admitted ids."""
+    """One admission round: best-effort FIFO over queued jobs, all-or-nothing gangs. Returns admitted ids."""
     from jobs import tasks
 
     admitted: list[int] = []
@@ -336,8 +336,10 @@ def admit_queued_jobs() -> list[int]:
                 if not isinstance(decision, Placement):
                     if job.pending_reason != decision.reason:
                         TrainingJob.objects.filter(pk=job.pk).update(pending_reason=decision.reason)
-                    # FIFO: a job that does not fit blocks the ones behind it, so none starves.
-                    break
+                    # Best-effort FIFO (Kueue's default): a job that does not fit now waits with its
+                    # reason and lets smaller ones behind it start. The pool can grow, so a job larger
+                    # than today's pool waits rather than being refused.
+                    continue
                 now = timezone.now()
                 device_ids = [d.device_id for d in decision.devices]
                 claimed = _claim(

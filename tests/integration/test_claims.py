@@ -66,3 +66,17 @@ def test_running_admission_and_provisioning_twice_changes_nothing(tenants, pool,
         assert UsageRecord.objects.filter(job_id=job.id).count() == 2
     finally:
         get_backend.cache_clear()
+
+
+def test_a_job_that_does_not_fit_waits_with_its_reason_and_lets_smaller_ones_start(tenants, pool):
+    acme = tenants[0]
+    big = services.submit_job(tenant_id=acme.id, user_id=None, spec=parse_job_spec({**SPEC, "devices": 30}))
+    small = services.submit_job(tenant_id=acme.id, user_id=None, spec=parse_job_spec({**SPEC, "devices": 1}))
+
+    assert services.admit_queued_jobs() == [small.id]
+    waiting = TrainingJob.objects.get(pk=big.id)
+    assert waiting.state == JobState.QUEUED
+    assert waiting.pending_reason == "waiting for 30 devices; free now: 2 a100-sxm"  # as it was seen
+    assert list(Allocation.objects.filter(job_id=small.id).values_list("device__device_id", flat=True)) == [
+        "gpu-a100-0/0"
+    ]
