@@ -57,6 +57,7 @@ async def measure_push(url: str, session: requests.Session, client: Client, samp
         url.replace("http", "ws") + "/ws/jobs/", additional_headers={"Cookie": cookie, "Origin": url}
     ) as ws:
         assert json.loads(await ws.recv())["type"] == "hello"
+        assert json.loads(await ws.recv())["type"] == "snapshot"
         await asyncio.sleep(0.3)  # let the relay take its starting cursor
         never_fits = {**DEMO_SPEC, "name": "push-probe", "devices": 64}
         while len(latencies) < samples:

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"succeeded", "failed", "cancelled"}
 DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
-OPERATOR_USER, OPERATOR_PASSWORD = "operator", "operator-password"
+OPERATOR_USER = "operator"
 DEMO_SPEC: dict[str, Any] = {
     "name": "demo-mixed-mlp",
     "devices": 3,
@@ -96,6 +97,11 @@ def _spawn(name: str, argv: Sequence[str], env: dict[str, str]) -> int:
     return process.pid
 
 
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex((host, port)) == 0
+
+
 def _wait_healthy(url: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -119,8 +125,11 @@ def cmd_up(args: argparse.Namespace) -> str:
     _manage("load_pool")
     token_file = str(var_dir() / "demo-token")
     _manage("ensure_tenant", "--user", DEMO_USER, "--password", DEMO_PASSWORD, "--token-file", token_file)
-    _manage("ensure_operator", "--username", OPERATOR_USER, "--password", OPERATOR_PASSWORD)
+    operator_file = var_dir() / "operator-password"
+    _manage("ensure_operator", "--username", OPERATOR_USER, "--password-file", str(operator_file))
 
+    if _running("server") is None and _port_in_use(args.host, args.port):
+        raise SystemExit(f"port {args.port} on {args.host} is taken by another program; choose one with POLYCHIP_PORT")
     python = [sys.executable, "-m"]
     server = f"uvicorn controlplane.asgi:application --host {args.host} --port {args.port} --log-level warning"
     worker = "celery -A controlplane worker --loglevel INFO --concurrency 2 --without-mingle --without-gossip"
@@ -132,7 +141,7 @@ def cmd_up(args: argparse.Namespace) -> str:
     print(f"• Polychip is up: portal {url}/ (user {DEMO_USER}, password {DEMO_PASSWORD})", flush=True)
     print(
         f"  API {url}/api/v1/ (token in {token_file}); admin console {url}/admin/ "
-        f"(user {OPERATOR_USER}, password {OPERATOR_PASSWORD})",
+        f"(user {OPERATOR_USER}, password in {operator_file})",
         flush=True,
     )
     print(f"  logs in {var_dir() / 'log'}; stop everything with: make down", flush=True)
@@ -184,6 +193,9 @@ class Client:
 
     def job(self, job_id: int) -> dict[str, Any]:
         return self._check(self.session.get(f"{self.url}/api/v1/jobs/{job_id}", timeout=30))
+
+    def cancel(self, job_id: int) -> None:
+        self.session.post(f"{self.url}/api/v1/jobs/{job_id}/cancel", timeout=30)
 
     def usage(self, job_id: int) -> dict[str, Any]:
         return self._check(self.session.get(f"{self.url}/api/v1/jobs/{job_id}/usage", timeout=30))
@@ -268,7 +280,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
         started = time.monotonic()
         job = client.submit(DEMO_SPEC)
         print(f"• submitted job {job['id']} through POST {url}/api/v1/jobs: {json.dumps(DEMO_SPEC)}", flush=True)
-        job = follow(client, job["id"], args.timeout)
+        try:
+            job = follow(client, job["id"], args.timeout)
+        except (SystemExit, KeyboardInterrupt):
+            client.cancel(job["id"])  # leave no training behind
+            raise
         summarize(client, job, time.monotonic() - started)
     finally:
         if args.stop:

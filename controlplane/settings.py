@@ -8,6 +8,8 @@ CELERY_BROKER_URL, CHANNEL_REDIS_URL and POLYCHIP_BACKEND. The code never branch
 from __future__ import annotations
 
 import os
+import secrets
+import time
 from pathlib import Path
 
 import dj_database_url
@@ -23,7 +25,26 @@ def env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "polychip-embedded-default-not-for-production")
+def _local_secret_key(path: Path) -> str:
+    """A random key made once per var/ folder and kept there (mode 0600), shared by every process
+    of this installation; production sets DJANGO_SECRET_KEY instead. Never a key known in advance:
+    it signs sessions and derives the workers' ingest tokens."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(50):  # another process may be writing it this instant
+            if key := path.read_text().strip():
+                return key
+            time.sleep(0.02)
+        raise
+    key = secrets.token_urlsafe(50)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key)
+    return key
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or _local_secret_key(VAR_DIR / "secret-key")
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
 
@@ -144,9 +165,12 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 POLYCHIP_SWEEP_SECONDS = float(os.environ.get("POLYCHIP_SWEEP_SECONDS", "1.0"))
+# A sweep that could not run within its period is superseded by the next one: expire it rather
+# than let them pile up while both worker slots are busy launching or tearing down.
+_SWEEP = {"schedule": POLYCHIP_SWEEP_SECONDS, "options": {"expires": POLYCHIP_SWEEP_SECONDS * 2}}
 CELERY_BEAT_SCHEDULE = {
-    "admit-queued-jobs": {"task": "jobs.tasks.admit_queued_jobs", "schedule": POLYCHIP_SWEEP_SECONDS},
-    "observe-running-jobs": {"task": "jobs.tasks.observe_running_jobs", "schedule": POLYCHIP_SWEEP_SECONDS},
+    "admit-queued-jobs": {"task": "jobs.tasks.admit_queued_jobs", **_SWEEP},
+    "observe-running-jobs": {"task": "jobs.tasks.observe_running_jobs", **_SWEEP},
 }
 
 # --- Channels -----------------------------------------------------------------------------

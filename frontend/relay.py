@@ -1,15 +1,20 @@
 """The push relay: tails the job event log and pushes each new event to its tenant's group.
 
 Transitions happen in Celery workers, which share no memory with the ASGI server; the event log
-in the database is what they do share. One relay runs per ASGI process, started by the first
-WebSocket that connects. Consumers drop an event id they have already sent, so relays in several
-processes feeding one Redis layer cannot make a client see an event twice.
+in the database is what they do share. One relay runs per ASGI process while at least one
+WebSocket is open there.
+
+Event ids are given out at insert but become visible at commit, so a slow transaction can commit
+an id lower than one already pushed. Each round therefore also re-reads a short window of recent
+events and pushes those it has not pushed yet. Consumers drop ids they have already sent, so relays
+in several processes feeding one Redis layer cannot make a client see an event twice either.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -21,21 +26,45 @@ from jobs.api.serializers import event_json, job_json
 
 log = logging.getLogger(__name__)
 
+# Longer than any transaction that writes an event is expected to stay open.
+LATE_COMMIT_WINDOW_S = 10.0
+
 _relay_task: asyncio.Task[None] | None = None
+_listeners = 0
 
 
 def tenant_group(tenant_id: int) -> str:
     return f"tenant-{tenant_id}-jobs"
 
 
+class SeenIds:
+    """Ids pushed recently; forgets those older than the window so it stays small."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._seen: dict[int, float] = {}
+
+    def add(self, event_id: int) -> bool:
+        """True the first time an id is added."""
+        if event_id in self._seen:
+            return False
+        self._seen[event_id] = time.monotonic()
+        return True
+
+    def forget_old(self) -> None:
+        horizon = time.monotonic() - 2 * self.window_s
+        self._seen = {k: at for k, at in self._seen.items() if at >= horizon}
+
+
 @database_sync_to_async
-def _next_batch(cursor: int) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
+def _messages(cursor: int, seen: SeenIds) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
     messages: list[tuple[int, dict[str, Any]]] = []
-    events = services.events_after(cursor)
-    for event in events:
+    for event in services.recent_events(after_id=cursor, window_s=LATE_COMMIT_WINDOW_S):
+        cursor = max(cursor, event.id)
+        if not seen.add(event.id):
+            continue
         job = services.get_job(tenant_id=event.tenant_id, job_id=event.job_id)
         messages.append((event.tenant_id, {"type": "job.event", "event": event_json(event), "job": job_json(job)}))
-        cursor = event.id
     return cursor, messages
 
 
@@ -48,11 +77,13 @@ async def _run() -> None:
     layer = get_channel_layer()
     assert layer is not None, "CHANNEL_LAYERS is not configured"
     cursor = await _start_cursor()
-    while True:
+    seen = SeenIds(LATE_COMMIT_WINDOW_S)
+    while _listeners > 0:
         try:
-            cursor, messages = await _next_batch(cursor)
+            cursor, messages = await _messages(cursor, seen)
             for tenant_id, message in messages:
                 await layer.group_send(tenant_group(tenant_id), message)
+            seen.forget_old()
         except asyncio.CancelledError:
             raise
         except Exception:  # a database hiccup must not end pushes for the life of the process
@@ -61,7 +92,13 @@ async def _run() -> None:
         await asyncio.sleep(settings.POLYCHIP_PUSH_POLL_S)
 
 
-def ensure_relay_running() -> None:
-    global _relay_task
+def listener_joined() -> None:
+    global _relay_task, _listeners
+    _listeners += 1
     if _relay_task is None or _relay_task.done():
         _relay_task = asyncio.get_running_loop().create_task(_run(), name="polychip-push-relay")
+
+
+def listener_left() -> None:
+    global _listeners
+    _listeners = max(0, _listeners - 1)  # the relay ends by itself after its current round

@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.http import HttpRequest
 
 from jobs.models import Allocation, Device, Flavor, JobEvent, Node, TrainingJob
 
@@ -43,3 +44,9 @@ class TrainingJobAdmin(admin.ModelAdmin):
     search_fields = ("name",)
     readonly_fields = [f.name for f in TrainingJob._meta.fields]
     inlines = [AllocationInline, JobEventInline]
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # a job's events and usage are the record of what happened
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # jobs come in through the API, which validates the spec

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -43,11 +43,6 @@ class JobView:
     @property
     def progress(self) -> float:
         return self.steps_done / self.total_steps if self.total_steps else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["progress"] = round(self.progress, 4)
-        return data
 
 
 @dataclass(frozen=True)

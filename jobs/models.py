@@ -80,8 +80,10 @@ class TrainingJob(models.Model):
 
     # Set by the one worker that won the right to launch the job (a claim; see services).
     provision_claimed_at = models.DateTimeField(null=True, blank=True)
-    backend_name = models.CharField(max_length=32, blank=True)
     backend_handle = models.JSONField(null=True, blank=True)
+    # Set once the backend confirmed that nothing of the job runs any more; until then the
+    # sweep keeps asking it to tear down (a lost teardown message must not leave work running).
+    torn_down_at = models.DateTimeField(null=True, blank=True)
 
     # Progress, fed by worker telemetry.
     steps_done = models.PositiveIntegerField(default=0)
@@ -106,7 +108,12 @@ class AppendOnlyError(RuntimeError):
 
 
 class JobEvent(models.Model):
-    """What happened to a job, in order; rows are never changed or deleted."""
+    """What happened to a job, in order.
+
+    Append-only by convention of this code: an instance refuses a second save and a delete, and
+    nothing here updates events in bulk. The database does not enforce it (a cascade from the job
+    would remove them), so jobs are never deleted: the admin does not offer it.
+    """
 
     class Kind(models.TextChoices):
         TRANSITION = "transition"

@@ -36,6 +36,7 @@ from jobs.models import (
     Node,
     TrainingJob,
 )
+from jobs.telemetry import TelemetryEvent
 from runtime.backends.base import LaunchRequest, Phase, RankPlacement
 from runtime.inventory import Pool
 from runtime.jobspec import JobSpec, parse_workload
@@ -131,9 +132,12 @@ def list_events(*, tenant_id: int, job_id: int) -> list[EventView]:
     return [event_view(e) for e in JobEvent.objects.filter(job_id=job_id).order_by("pk")]
 
 
-def events_after(event_id: int, limit: int = 500) -> list[EventView]:
-    """Events newer than ``event_id``, oldest first: what the push relay sends next."""
-    return [event_view(e) for e in JobEvent.objects.filter(pk__gt=event_id).order_by("pk")[:limit]]
+def recent_events(*, after_id: int, window_s: float, limit: int = 500) -> list[EventView]:
+    """Events after ``after_id``, and those written in the last ``window_s`` seconds whatever their
+    id (a slow transaction commits late), oldest first: what the push relay considers next."""
+    since = timezone.now() - timedelta(seconds=window_s)
+    events = JobEvent.objects.filter(Q(pk__gt=after_id) | Q(created_at__gte=since)).order_by("pk")[:limit]
+    return [event_view(e) for e in events]
 
 
 def latest_event_id() -> int:
@@ -290,14 +294,17 @@ def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> JobView
             total_steps=spec.workload.steps,
         )
         _record(job, kind=JobEvent.Kind.TRANSITION, to_state=JobState.QUEUED, message="submitted")
-        transaction.on_commit(tasks.admit_queued_jobs.delay)
+        # robust: a broker hiccup must not turn a stored job into a 500 (and a retried duplicate);
+        # beat's sweep admits it anyway.
+        transaction.on_commit(tasks.admit_queued_jobs.delay, robust=True)
     return to_view(job)
 
 
 def _free_devices() -> list[FreeDevice]:
+    held = Allocation.objects.filter(ended_at__isnull=True).values("device_id")
     devices = (
         Device.objects.filter(health=DeviceHealth.HEALTHY)
-        .exclude(allocations__ended_at__isnull=True, allocations__isnull=False)
+        .exclude(pk__in=held)
         .select_related("node", "flavor")
         .order_by("device_id")
     )
@@ -363,9 +370,16 @@ def admit_queued_jobs() -> list[int]:
     return admitted
 
 
-def ingest_token(job_id: int) -> str:
+def run_key(job: TrainingJob) -> str:
+    """A name for the job's run that is unique beyond the primary key, so that a reset database
+    never meets an old run's files, artifacts or still-running workers."""
+    return f"job-{job.pk}-{job.created_at:%Y%m%d%H%M%S%f}"
+
+
+def ingest_token(job: TrainingJob) -> str:
     """The job's telemetry secret: derived, so a re-provisioned job gets the same one."""
-    return hmac.new(settings.SECRET_KEY.encode(), f"ingest:{job_id}".encode(), hashlib.sha256).hexdigest()
+    message = f"ingest:{run_key(job)}".encode()
+    return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
 
 
 def _launch_request(job: TrainingJob) -> LaunchRequest:
@@ -375,13 +389,12 @@ def _launch_request(job: TrainingJob) -> LaunchRequest:
         for a in allocations.order_by("rank")
     )
     return LaunchRequest(
-        # Unique beyond the primary key, so a reset database never meets an old run's files.
-        job_id=f"job-{job.pk}-{job.created_at:%Y%m%d%H%M%S%f}",
+        job_id=run_key(job),
         placements=placements,
         workload=parse_workload(job.spec.get("workload")),
         telemetry_url=f"{settings.POLYCHIP_PUBLIC_URL.rstrip('/')}/api/v1/ingest/jobs/{job.pk}/telemetry",
-        telemetry_token=ingest_token(job.pk),
-        artifacts_dir=str(settings.POLYCHIP_ARTIFACTS_DIR / str(job.pk)),
+        telemetry_token=ingest_token(job),
+        artifacts_dir=str(settings.POLYCHIP_ARTIFACTS_DIR / run_key(job)),
     )
 
 
@@ -413,15 +426,19 @@ def provision_job(job_id: int) -> bool:
             JobState.RUNNING,
             message=f"launched on the {backend.name} backend",
             started_at=timezone.now(),
-            backend_name=backend.name,
             backend_handle=handle,
             last_heartbeat_at=timezone.now(),
         )
-    if running is None:
-        # Cancelled while we launched: do not leave processes behind.
-        backend.teardown(handle)
-        return False
-    return True
+    if running is not None:
+        return True
+    state = TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
+    if state in TERMINAL_STATES:
+        # Cancelled while we launched: record the handle so the sweep makes sure nothing runs.
+        TrainingJob.objects.filter(pk=job_id, backend_handle__isnull=True).update(backend_handle=handle)
+        teardown_job(job_id)
+    # Otherwise a provisioner that took over our stale claim already moved it to running: the
+    # backend returned that same launch to both of us, so there is nothing to undo.
+    return False
 
 
 def finish_job(job_id: int, state: str, *, reason: str = "", message: str = "") -> bool:
@@ -445,8 +462,8 @@ def finish_job(job_id: int, state: str, *, reason: str = "", message: str = "") 
             return False
         _end_allocations(job, now)
         if job.backend_handle:
-            transaction.on_commit(lambda: tasks.teardown_job.delay(job_id))
-        transaction.on_commit(tasks.admit_queued_jobs.delay)
+            transaction.on_commit(lambda: tasks.teardown_job.delay(job_id), robust=True)
+        transaction.on_commit(tasks.admit_queued_jobs.delay, robust=True)
     return True
 
 
@@ -456,14 +473,28 @@ def cancel_job(*, tenant_id: int, job_id: int) -> JobView:
         raise JobNotFound(job_id)
     if job.state in TERMINAL_STATES:
         raise InvalidTransition(f"job {job_id} already ended as {job.state}; nothing to cancel")
-    finish_job(job_id, JobState.CANCELLED, message="cancelled by the tenant")
+    if not finish_job(job_id, JobState.CANCELLED, message="cancelled by the tenant"):
+        state = TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
+        raise InvalidTransition(f"job {job_id} ended as {state} before the cancel arrived; nothing to cancel")
     return get_job(tenant_id=tenant_id, job_id=job_id)
 
 
 def teardown_job(job_id: int) -> None:
-    job = TrainingJob.objects.filter(pk=job_id).first()
-    if job is not None and job.backend_handle:
-        get_backend().teardown(job.backend_handle)
+    """Make sure nothing of an ended job runs; recorded only once the backend confirms it."""
+    job = TrainingJob.objects.filter(pk=job_id, state__in=TERMINAL_STATES, torn_down_at__isnull=True).first()
+    if job is None or not job.backend_handle:
+        return
+    get_backend().teardown(job.backend_handle)
+    TrainingJob.objects.filter(pk=job_id, torn_down_at__isnull=True).update(torn_down_at=timezone.now())
+
+
+def untorn_job_ids() -> list[int]:
+    """Ended jobs whose teardown was never confirmed (its message lost, or the worker died)."""
+    return list(
+        TrainingJob.objects.filter(
+            state__in=TERMINAL_STATES, backend_handle__isnull=False, torn_down_at__isnull=True
+        ).values_list("pk", flat=True)
+    )
 
 
 def observe_job(job_id: int) -> str:
@@ -508,73 +539,47 @@ class TelemetryRejected(PermissionError):
     pass
 
 
-def _as_time(ts: Any) -> datetime:
-    try:
-        return datetime.fromtimestamp(float(ts), tz=timezone.get_current_timezone())
-    except (TypeError, ValueError, OverflowError):
-        return timezone.now()
-
-
-def ingest_telemetry(*, job_id: int, token: str, events: Sequence[dict[str, Any]]) -> int:
+def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent]) -> int:
     """Fold a batch of worker events into the job's progress; returns how many were applied."""
-    if not hmac.compare_digest(token, ingest_token(job_id)):
-        raise TelemetryRejected("unknown job or wrong ingest token")
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
-        if job is None:
+        if job is None or not hmac.compare_digest(token.encode(), ingest_token(job).encode()):
             raise TelemetryRejected("unknown job or wrong ingest token")
         if job.state not in (JobState.ADMITTED, JobState.RUNNING):
             return 0  # late telemetry of an ended job changes nothing
-        applied = 0
-        losses = list(job.recent_losses)
         fields: set[str] = {"last_heartbeat_at"}
         job.last_heartbeat_at = timezone.now()
-        for event in sorted(events, key=lambda e: (e.get("ts", 0), e.get("step", 0))):
-            kind = event.get("kind")
-            rank = str(event.get("rank", "?"))
-            if kind == "step" and isinstance(event.get("step"), int):
-                step = event["step"]
-                stats = job.rank_stats.setdefault(rank, {})
-                stats.update(
-                    flavor=event.get("flavor", ""),
-                    device_id=event.get("device_id", ""),
-                    step=step,
-                    samples=event.get("samples"),
-                    samples_per_s=event.get("samples_per_s"),
-                    step_time_s=event.get("step_time_s"),
-                )
+        losses = list(job.recent_losses)
+        for event in sorted(events, key=lambda e: (e.ts, e.step or 0)):
+            if event.kind == "step" and event.step is not None:
+                job.rank_stats[str(event.rank)] = {
+                    "flavor": event.flavor,
+                    "device_id": event.device_id,
+                    "step": event.step,
+                    "samples": event.samples,
+                    "samples_per_s": event.samples_per_s,
+                    "step_time_s": event.step_time_s,
+                }
                 fields.add("rank_stats")
-                if event.get("rank") == 0 and step > job.steps_done and isinstance(event.get("loss"), int | float):
-                    loss = float(event["loss"])
-                    job.steps_done = step
-                    job.total_steps = int(event.get("total_steps") or job.total_steps)
+                # Rank 0 speaks for the job: every rank reports the same global loss.
+                if event.rank == 0 and event.step > job.steps_done and event.loss is not None:
+                    job.steps_done = event.step
+                    job.total_steps = max(event.total_steps or job.total_steps, event.step)
                     if job.first_loss is None:
-                        job.first_loss = loss
-                    job.last_loss = loss
-                    losses.append(round(loss, 6))
+                        job.first_loss = event.loss
+                    job.last_loss = event.loss
+                    losses.append(round(event.loss, 6))
                     fields |= {"steps_done", "total_steps", "first_loss", "last_loss", "recent_losses"}
-                applied += 1
-            elif kind == "finished" and event.get("rank") == 0:
-                job.artifact_path = str(event.get("artifact", ""))[:500]
+            elif event.kind == "finished" and event.rank == 0 and event.artifact:
+                job.artifact_path = event.artifact
                 fields.add("artifact_path")
-                applied += 1
-            elif kind in ("heartbeat", "started"):
-                applied += 1
         job.recent_losses = losses[-RECENT_LOSSES:]
-        speeds = [
-            s.get("samples_per_s") for s in job.rank_stats.values() if isinstance(s.get("samples_per_s"), int | float)
-        ]
+        speeds = [s["samples_per_s"] for s in job.rank_stats.values() if s.get("samples_per_s") is not None]
         if speeds:
             job.samples_per_s = round(float(sum(speeds)), 3)
             fields.add("samples_per_s")
         job.save(update_fields=sorted(fields))
-        last_progress = (
-            JobEvent.objects.filter(job_id=job_id, kind=JobEvent.Kind.PROGRESS)
-            .order_by("-pk")
-            .values_list("created_at", flat=True)
-            .first()
-        )
-        if "steps_done" in fields and (last_progress is None or timezone.now() - last_progress >= PROGRESS_EVENT_EVERY):
+        if "steps_done" in fields and _progress_event_due(job_id):
             _record(
                 job,
                 kind=JobEvent.Kind.PROGRESS,
@@ -586,4 +591,15 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[dict[str, Any]
                     "samples_per_s": job.samples_per_s,
                 },
             )
-    return applied
+    return len(events)
+
+
+def _progress_event_due(job_id: int) -> bool:
+    """Progress goes into the event log (and so to the portal) at most once a second per job."""
+    last = (
+        JobEvent.objects.filter(job_id=job_id, kind=JobEvent.Kind.PROGRESS)
+        .order_by("-pk")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    return last is None or timezone.now() - last >= PROGRESS_EVENT_EVERY

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterable
+
 from celery import shared_task
 
 from jobs import services
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=True)
@@ -18,13 +23,22 @@ def provision_job(job_id: int) -> bool:
 
 
 @shared_task(ignore_result=True)
-def observe_running_jobs() -> None:
-    for job_id in services.running_job_ids():
-        services.observe_job(job_id)
-    for job_id in services.stale_admitted_job_ids():
-        provision_job.delay(job_id)
+def teardown_job(job_id: int) -> None:
+    services.teardown_job(job_id)
+
+
+def _each(job_ids: Iterable[int], action: Callable[[int], object], what: str) -> None:
+    # One job that fails to be observed must not stop the sweep for every other job.
+    for job_id in job_ids:
+        try:
+            action(job_id)
+        except Exception:
+            log.exception("sweep: %s of job %s failed; retrying next round", what, job_id)
 
 
 @shared_task(ignore_result=True)
-def teardown_job(job_id: int) -> None:
-    services.teardown_job(job_id)
+def observe_running_jobs() -> None:
+    """The sweep: observe what runs, relaunch what an admission left behind, finish teardowns."""
+    _each(services.running_job_ids(), services.observe_job, "observing")
+    _each(services.stale_admitted_job_ids(), provision_job.delay, "re-provisioning")
+    _each(services.untorn_job_ids(), teardown_job.delay, "tearing down")

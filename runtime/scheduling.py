@@ -55,7 +55,7 @@ def _pack(candidates: Sequence[FreeDevice], count: int) -> list[FreeDevice]:
 
 
 def place_gang(request: GangRequest, free: Sequence[FreeDevice]) -> Placement | Refusal:
-    allowed = [f for f in request.flavors]
+    allowed = request.flavors
     usable = [d for d in free if d.flavor in allowed]
     by_flavor: dict[str, list[FreeDevice]] = defaultdict(list)
     for device in usable:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from tenants.contracts import IssuedToken, TenantRef
 from tenants.models import ApiToken, Membership, Role, Tenant
 
 TOKEN_PREFIX = "pc_"
+LAST_USE_RESOLUTION = timedelta(minutes=1)
 
 
 def _ref(tenant: Tenant) -> TenantRef:
@@ -39,9 +41,16 @@ def ensure_tenant_with_user(*, slug: str, name: str, username: str, password: st
 
 
 @transaction.atomic
-def issue_token(*, tenant_id: int, username: str, name: str, expires_at: datetime | None = None) -> IssuedToken:
+def issue_token(
+    *, tenant_id: int, username: str, name: str, expires_at: datetime | None = None, replace: bool = False
+) -> IssuedToken:
+    """Issue a token; with ``replace``, the user's earlier live tokens of the same name are revoked."""
     tenant = Tenant.objects.get(pk=tenant_id)
     user = get_user_model().objects.get(username=username, memberships__tenant=tenant)
+    if replace:
+        ApiToken.objects.filter(tenant=tenant, user=user, name=name, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
         tenant=tenant,
@@ -55,16 +64,27 @@ def issue_token(*, tenant_id: int, username: str, name: str, expires_at: datetim
 
 
 def authenticate_token(secret: str) -> ApiToken | None:
-    """The live token for a secret, with its last use recorded; None when unknown, expired or revoked."""
+    """The live token for a secret, with its last use recorded; None when unknown, expired or revoked.
+
+    A token acts for its user in its tenant, so it stops working when the user is deactivated or
+    leaves the tenant.
+    """
     now = timezone.now()
     token = (
         ApiToken.objects.select_related("tenant", "user")
-        .filter(digest=digest_token(secret), revoked_at__isnull=True)
+        .filter(
+            digest=digest_token(secret),
+            revoked_at__isnull=True,
+            user__is_active=True,
+            tenant__memberships__user=F("user"),
+        )
         .first()
     )
     if token is None or (token.expires_at is not None and token.expires_at <= now):
         return None
-    ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    if token.last_used_at is None or now - token.last_used_at >= LAST_USE_RESOLUTION:
+        # Recorded to the minute: a write per request would contend for nothing of value.
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token
 
 
@@ -74,7 +94,3 @@ def tenant_for_user(user: AbstractBaseUser | AnonymousUser) -> TenantRef | None:
         return None
     membership = Membership.objects.select_related("tenant").filter(user_id=user.pk).order_by("pk").first()
     return _ref(membership.tenant) if membership else None
-
-
-def get_tenant(tenant_id: int) -> TenantRef:
-    return _ref(Tenant.objects.get(pk=tenant_id))

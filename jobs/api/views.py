@@ -16,6 +16,7 @@ from billing import services as billing
 from controlplane.errors import error_response
 from jobs import services
 from jobs.api.serializers import event_json, flavor_pool_json, job_json
+from jobs.telemetry import InvalidTelemetry, parse_events
 from runtime.jobspec import SpecError, parse_job_spec
 from tenants.api.access import request_tenant_id
 
@@ -106,15 +107,14 @@ class TelemetryIngestView(APIView):
 
     def post(self, request: Request, job_id: int) -> Response:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        events = request.data.get("events") if isinstance(request.data, dict) else None
-        if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
-            return error_response(
-                status.HTTP_400_BAD_REQUEST, "invalid_telemetry", 'send {"events": [{...}, ...]}', field="events"
-            )
+        body = request.data if isinstance(request.data, dict) else {}
         try:
+            events = parse_events(body.get("events"))
             applied = services.ingest_telemetry(
                 job_id=job_id, token=token.strip() if scheme == "Bearer" else "", events=events
             )
+        except InvalidTelemetry as exc:
+            return error_response(status.HTTP_400_BAD_REQUEST, "invalid_telemetry", exc.message, field=exc.field)
         except services.TelemetryRejected as exc:
             return error_response(status.HTTP_403_FORBIDDEN, "forbidden", str(exc))
         return Response({"applied": applied})

@@ -80,3 +80,14 @@ def test_a_job_that_does_not_fit_waits_with_its_reason_and_lets_smaller_ones_sta
     assert list(Allocation.objects.filter(job_id=small.id).values_list("device__device_id", flat=True)) == [
         "gpu-a100-0/0"
     ]
+
+
+def test_a_device_held_by_a_running_job_is_never_offered_again(tenants, pool):
+    acme = tenants[0]
+    first = services.submit_job(tenant_id=acme.id, user_id=None, spec=parse_job_spec({**SPEC, "devices": 2}))
+    second = services.submit_job(tenant_id=acme.id, user_id=None, spec=parse_job_spec({**SPEC, "devices": 1}))
+    assert services.admit_queued_jobs() == [first.id]
+    assert TrainingJob.objects.get(pk=second.id).pending_reason == "waiting for 1 devices; free now: 0 a100-sxm"
+
+    services.finish_job(first.id, JobState.CANCELLED)
+    assert services.admit_queued_jobs() == [second.id]

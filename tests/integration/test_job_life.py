@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from billing.models import UsageRecord
 from jobs.models import Allocation, JobEvent, JobState, TrainingJob
+from tests.processes import processes_mentioning
 from tests.stack import portal_session
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -125,10 +128,28 @@ def test_cancelling_a_running_job_stops_its_processes_and_meters_it(api_for, ten
     assert UsageRecord.objects.filter(job_id=job_id).count() == 2
     assert not Allocation.objects.filter(job_id=job_id, ended_at__isnull=True).exists()
 
-    from jobs.backends import get_backend
-    from runtime.backends.base import Phase
+    # The teardown runs on the worker after the commit; the sweep retries it until confirmed.
+    _wait(lambda: TrainingJob.objects.get(pk=job_id).torn_down_at is not None, timeout_s=30)
+    assert processes_mentioning(job.backend_handle["run_dir"]) == []
 
-    _wait(lambda: get_backend().observe(job.backend_handle).phase != Phase.RUNNING, timeout_s=30)
+
+def test_a_rank_that_dies_fails_the_job_with_its_reason_and_meters_it(api_for, tenants, pool):
+    api = api_for(tenants[0].token)
+    job_id = api.post("/api/v1/jobs", {**SPEC, "workload": {"steps": 100_000}}).json()["id"]
+    api.wait_for(job_id, {"running"})
+    _wait(lambda: api.get(f"/api/v1/jobs/{job_id}").json()["progress"]["steps_done"] > 0)
+    run_dir = TrainingJob.objects.get(pk=job_id).backend_handle["run_dir"]
+    [victim] = processes_mentioning(f"{run_dir}/rank1.json")
+
+    os.kill(victim, signal.SIGKILL)  # a device lost mid-step
+
+    job = api.wait_for(job_id, {"succeeded", "failed", "cancelled"}, timeout_s=60)
+    assert job["state"] == "failed"
+    assert "rank 1" in job["failure_reason"]
+    events = list(JobEvent.objects.filter(job_id=job_id, kind="transition").values_list("to_state", "data"))
+    assert events[-1] == ("failed", {"reason": job["failure_reason"]})
+    assert UsageRecord.objects.filter(job_id=job_id).count() == 2
+    _wait(lambda: processes_mentioning(run_dir) == [], timeout_s=30)
 
 
 def _wait(predicate, timeout_s: float = 60) -> None:
@@ -158,6 +179,7 @@ def test_the_portal_pushes_each_transition_to_its_tenant_only(stack, api_for, te
                 stack.replace("http", "ws") + "/ws/jobs/", additional_headers={"Cookie": cookie, "Origin": stack}
             )
             assert json.loads(await ws.recv()) == {"type": "hello", "tenant": tenant.slug}
+            assert json.loads(await ws.recv()) == {"type": "snapshot", "jobs": []}
             sockets.append(ws)
         await asyncio.sleep(0.5)
         api = api_for(acme.token)

@@ -6,7 +6,6 @@ processes behind.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,26 +16,11 @@ import pytest
 from runtime.backends.base import Observation, Phase
 from runtime.backends.local import LocalBackend
 from runtime.inventory import Pool, load_pool
+from tests.processes import processes_mentioning  # noqa: F401  (used by the tests here)
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_POOL = REPO / "runtime" / "pools" / "demo.yaml"
 FINAL = (Phase.SUCCEEDED, Phase.FAILED, Phase.GONE)
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Pids of live (non-zombie) processes whose command line contains ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):
-            continue
-        if state not in ("Z", "X") and text in cmdline:
-            found.append(int(entry.name))
-    return found
 
 
 def wait_until_final(backend: LocalBackend, handle: dict[str, Any], timeout_s: float) -> Observation:

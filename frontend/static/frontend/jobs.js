@@ -56,6 +56,7 @@
     socket.onmessage = (message) => {
       const data = JSON.parse(message.data);
       if (data.type === "job_event") render(data.job);
+      else if (data.type === "snapshot") for (const job of data.jobs.slice().reverse()) render(job);
     };
     socket.onclose = () => {
       live.textContent = "reconnecting…"; live.className = "live off";

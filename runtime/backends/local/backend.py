@@ -33,7 +33,7 @@ import runtime
 from runtime.backends.base import LaunchRequest, Observation, Phase, RankState
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
 from runtime.backends.local.procs import pid_alive, signal_group, signal_pid
-from runtime.backends.local.supervisor import LAUNCH_FILE, PID_FILE, STATUS_FILE
+from runtime.backends.local.supervisor import LAUNCH_FILE, PID_FILE, STATUS_FILE, STOP_FILE
 from runtime.worker.config import WorkerConfig, equal_split
 
 LOCK_FILE = "launch.lock"
@@ -124,7 +124,12 @@ class LocalBackend:
             # Nothing was started: release the claim so a retry can launch.
             (run_dir / LOCK_FILE).unlink(missing_ok=True)
             raise
-        self._await_supervisor(run_dir, intermediate)
+        try:
+            self._await_supervisor(run_dir, intermediate)
+        except BaseException:
+            # It may still come up late: make sure it launches nothing, with nobody watching.
+            self.teardown(handle)
+            raise
         return handle
 
     def _validate(self, request: LaunchRequest) -> None:
@@ -267,6 +272,7 @@ class LocalBackend:
         if not run_dir.is_dir():
             return
         before = self.observe(handle)
+        atomic_write_text(run_dir / STOP_FILE, "torn down\n")
         if self._alive_pids(run_dir) != (None, []):
             self._signal(run_dir, signal.SIGTERM)
             deadline = time.monotonic() + self.grace_s + 2.0

@@ -9,10 +9,13 @@ from typing import Any
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file, fsync and rename, so readers never see a half-written file."""
+    """Write via a temp file, fsync and rename, so readers never see a half-written file.
+
+    Owner-only (0600): rank configs carry the job's telemetry token.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w") as fh:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())

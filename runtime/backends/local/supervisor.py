@@ -36,6 +36,9 @@ from runtime.worker.cli import EXIT_BAD_CONFIG, EXIT_PEER_LOST
 LAUNCH_FILE = "launch.json"
 STATUS_FILE = "status.json"
 PID_FILE = "supervisor.pid"
+# Written by teardown before it looks for processes, read by the supervisor after it wrote its pid
+# and on every round: whichever of the two comes second sees the other, so no launch escapes.
+STOP_FILE = "stop"
 POLL_S = 0.05
 DEFAULT_GRACE_S = 5.0
 
@@ -186,6 +189,8 @@ class Supervisor:
                 if code is not None:
                     r.exit_code, r.exited_at, changed = code, time.monotonic(), True
                     failed = failed or code != 0
+            if self.stop_reason is None and (self.run_dir / STOP_FILE).exists():
+                self.stop_reason = "torn down"
             if kill_at is None and (failed or self.stop_reason is not None):
                 kill_at = self._begin_termination()
             if kill_at is not None and time.monotonic() >= kill_at:
@@ -213,7 +218,9 @@ class Supervisor:
             signal.signal(signum, self._on_signal)
         atomic_write_text(self.run_dir / PID_FILE, f"{os.getpid()}\n")
         previous = read_json(self.status_path)
-        if isinstance(previous, dict) and previous.get("phase") in ("succeeded", "failed"):
+        if (self.run_dir / STOP_FILE).exists() or (
+            isinstance(previous, dict) and previous.get("phase") in ("succeeded", "failed")
+        ):
             return 0  # torn down (or finished) before this supervisor got going: launch nothing
         error = self.load()
         if error is not None:

@@ -23,7 +23,7 @@ class Command(BaseCommand):
         tenant = services.ensure_tenant_with_user(
             slug=options["slug"], name=options["name"], username=options["user"], password=options["password"]
         )
-        token = services.issue_token(tenant_id=tenant.id, username=options["user"], name="demo CLI")
+        token = services.issue_token(tenant_id=tenant.id, username=options["user"], name="demo CLI", replace=True)
         path = Path(options["token_file"])
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
