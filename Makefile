@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/polychip} \
 	CELERY_BROKER_URL=$${TEST_BROKER_URL:-redis://127.0.0.1:6379/14} \
 	CHANNEL_REDIS_URL=$${TEST_CHANNEL_REDIS_URL:-redis://127.0.0.1:6379/15} \
-	POLYCHIP_VAR_DIR=$(CURDIR)/var/test
+	POLYCHIP_VAR_DIR=$(CURDIR)/var/test \
+	POLYCHIP_PASSWORD_HASHERS=django.contrib.auth.hashers.MD5PasswordHasher
 
 .DEFAULT_GOAL := help
 .PHONY: help install services demo up down status test test-unit test-integration test-runtime test-e2e lint fmt bench clean
@@ -43,19 +44,19 @@ status: ## Show which servers run
 	$(BIN)/polychip status
 
 test: install services ## Install and run every test tier against PostgreSQL and Redis on 127.0.0.1
-	$(TEST_ENV) $(BIN)/pytest
+	$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS)
 
 test-unit: install ## Pure unit tests: no database, seconds
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 test-integration: install services ## PostgreSQL + Redis + a real Celery worker, the job's life end to end
-	$(TEST_ENV) $(BIN)/pytest tests/integration
+	$(TEST_ENV) $(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
 test-runtime: install ## Real torch.distributed processes over gloo
-	$(TEST_ENV) $(BIN)/pytest tests/runtime
+	$(TEST_ENV) $(BIN)/pytest tests/runtime $(PYTEST_ARGS)
 
 test-e2e: install services ## The portal in a real browser (Chromium)
-	$(TEST_ENV) $(BIN)/pytest tests/e2e
+	$(TEST_ENV) $(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
 lint: install ## ruff (lint and format check) and mypy
 	$(BIN)/ruff check .

@@ -7,7 +7,7 @@ backend) in a scratch directory on a free port, exactly as `make demo` does, the
 - demo_job_wall_s: submission of the demo job to `succeeded`, seen by a REST client (median of trials);
 - ws_push_latency_ms_*: a transition's event row written in the database to its push arriving at a
   signed-in WebSocket client (both clocks are this host's);
-- tests_*_s: wall time of each test tier, run as `pytest tests/<tier>` against PostgreSQL and Redis.
+- tests_*_s: wall time of each test tier, run as `make test-<tier>` against PostgreSQL and Redis.
 The last line printed is one JSON object of the figures.
 """
 
@@ -78,17 +78,11 @@ async def measure_push(url: str, session: requests.Session, client: Client, samp
 
 
 def run_tier(tier: str) -> float:
-    env = dict(
-        os.environ,
-        DATABASE_URL=os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/polychip"),
-        CELERY_BROKER_URL=os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:6379/14"),
-        CHANNEL_REDIS_URL=os.environ.get("TEST_CHANNEL_REDIS_URL", "redis://127.0.0.1:6379/15"),
-    )
+    """Wall time of `make test-<tier>`: the same environment and services as `make test`."""
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", f"tests/{tier}", "-q", "-p", "no:cacheprovider"],
+        ["make", "--no-print-directory", f"test-{tier}", "PYTEST_ARGS=-q -p no:cacheprovider"],
         cwd=ROOT,
-        env=env,
         capture_output=True,
         text=True,
     )
@@ -96,7 +90,7 @@ def run_tier(tier: str) -> float:
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-300:]
     print(f"  tests/{tier}: {elapsed:.1f} s  ({summary})", flush=True)
     if result.returncode != 0:
-        raise SystemExit(f"tests/{tier} failed; fix them before measuring")
+        raise SystemExit(f"tests/{tier} failed; fix them before measuring:\n{result.stdout[-3000:]}")
     return elapsed
 
 
@@ -137,7 +131,7 @@ def main() -> None:
         finally:
             cli(env, "down")
 
-    for tier in ("unit", "integration", "runtime"):
+    for tier in ("unit", "integration", "runtime", "e2e"):
         figures[f"tests_{tier}_s"] = round(run_tier(tier), 1)
     print(json.dumps(figures))
 

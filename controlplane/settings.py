@@ -105,6 +105,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {"timeout": 30, "transaction_mode": "IMMEDIATE"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+if hashers := os.environ.get("POLYCHIP_PASSWORD_HASHERS"):
+    # The test tiers set a fast hasher: PBKDF2's deliberate slowness costs seconds per fixture.
+    PASSWORD_HASHERS = hashers.split(",")
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

@@ -18,7 +18,8 @@ SPEC = {"name": "claims", "devices": 2, "flavors": ["a100-sxm"], "workload": {"s
 
 def test_transitions_are_claims_exactly_one_concurrent_finisher_wins(tenants, pool):
     acme = tenants[0]
-    job = services.submit_job(tenant_id=acme.id, user_id=None, spec=parse_job_spec({**SPEC, "devices": 40}))
+    job = services.submit_job(tenant_id=acme.id, user_id=None, spec=parse_job_spec(SPEC))
+    assert services.admit_queued_jobs() == [job.id]  # it holds two devices now
     barrier = threading.Barrier(4)
     results: list[bool] = []
 
@@ -40,6 +41,9 @@ def test_transitions_are_claims_exactly_one_concurrent_finisher_wins(tenants, po
     ends = JobEvent.objects.filter(job_id=job.id, to_state__in=["cancelled", "failed"])
     assert ends.count() == 1
     assert TrainingJob.objects.get(pk=job.id).state == ends.get().to_state
+    # The winner alone closed the allocations and metered them: once each.
+    assert not Allocation.objects.filter(job_id=job.id, ended_at__isnull=True).exists()
+    assert UsageRecord.objects.filter(job_id=job.id).count() == 2
 
 
 def test_running_admission_and_provisioning_twice_changes_nothing(tenants, pool, settings, tmp_path):
