@@ -243,7 +243,8 @@ def summarize(client: Client, job: dict[str, Any], wall_s: float) -> None:
         print(f"loss         first {loss['first']:.4f} → last {loss['last']:.4f}")
     print(f"wall time    {wall_s:.1f} s from submission to {job['state']}")
     for row in usage:
-        print(f"usage        {row['flavor']}: {row['device_seconds']:.3f} device-seconds on {row['devices']} devices")
+        devices = f"{row['devices']} device{'s' if row['devices'] != 1 else ''}"
+        print(f"usage        {row['flavor']}: {row['device_seconds']:.3f} device-seconds on {devices}")
     if job["artifact"]:
         print(f"model        {job['artifact']}")
     print("─────────────────────────────────────────────────────────")
