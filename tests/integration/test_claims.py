@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
+from django.conf import settings
+from django.utils import timezone
 
 from billing.models import UsageRecord
 from jobs import services
 from jobs.models import Allocation, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
+from tests.processes import processes_mentioning
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 SPEC = {"name": "claims", "devices": 2, "flavors": ["a100-sxm"], "workload": {"steps": 50, "global_batch": 64}}
+
+
+@pytest.fixture
+def local_backend(settings, tmp_path):
+    """The real local backend, writing its runs under this test's folder."""
+    from jobs.backends import get_backend
+
+    settings.POLYCHIP_RUNS_DIR = tmp_path / "runs"
+    get_backend.cache_clear()
+    yield get_backend()
+    get_backend.cache_clear()
 
 
 def test_transitions_are_claims_exactly_one_concurrent_finisher_wins(tenants, pool):
@@ -46,30 +61,26 @@ def test_transitions_are_claims_exactly_one_concurrent_finisher_wins(tenants, po
     assert UsageRecord.objects.filter(job_id=job.id).count() == 2
 
 
-def test_running_admission_and_provisioning_twice_changes_nothing(tenants, pool, settings, tmp_path):
-    settings.POLYCHIP_RUNS_DIR = tmp_path / "runs"
-    from jobs.backends import get_backend
+def test_running_admission_and_provisioning_twice_changes_nothing(tenants, pool, local_backend, tmp_path):
+    job = services.submit_job(tenant_id=tenants[0].id, user_id=None, spec=parse_job_spec(SPEC))
+    first, second = services.admit_queued_jobs(), services.admit_queued_jobs()
+    assert (first, second) == ([job.id], [])
+    assert Allocation.objects.filter(job_id=job.id).count() == 2
 
-    get_backend.cache_clear()
-    try:
-        job = services.submit_job(tenant_id=tenants[0].id, user_id=None, spec=parse_job_spec(SPEC))
-        first, second = services.admit_queued_jobs(), services.admit_queued_jobs()
-        assert (first, second) == ([job.id], [])
-        assert Allocation.objects.filter(job_id=job.id).count() == 2
+    assert services.provision_job(job.id) is True
+    assert services.provision_job(job.id) is False
+    running = TrainingJob.objects.get(pk=job.id)
+    assert running.state == JobState.RUNNING
+    assert len(list((tmp_path / "runs").iterdir())) == 1
 
-        assert services.provision_job(job.id) is True
-        assert services.provision_job(job.id) is False
-        running = TrainingJob.objects.get(pk=job.id)
-        assert running.state == JobState.RUNNING
-        assert len(list((tmp_path / "runs").iterdir())) == 1
-
-        assert services.finish_job(job.id, JobState.CANCELLED) is True
-        assert services.finish_job(job.id, JobState.CANCELLED) is False
-        services.teardown_job(job.id)
-        services.teardown_job(job.id)
-        assert UsageRecord.objects.filter(job_id=job.id).count() == 2
-    finally:
-        get_backend.cache_clear()
+    assert services.finish_job(job.id, JobState.CANCELLED) is True
+    assert services.finish_job(job.id, JobState.CANCELLED) is False
+    services.teardown_job(job.id)
+    torn_down_at = TrainingJob.objects.get(pk=job.id).torn_down_at
+    services.teardown_job(job.id)
+    assert torn_down_at is not None and TrainingJob.objects.get(pk=job.id).torn_down_at == torn_down_at
+    assert processes_mentioning(running.backend_handle["run_dir"]) == []
+    assert UsageRecord.objects.filter(job_id=job.id).count() == 2
 
 
 def test_a_job_that_does_not_fit_waits_with_its_reason_and_lets_smaller_ones_start(tenants, pool):
@@ -95,3 +106,25 @@ def test_a_device_held_by_a_running_job_is_never_offered_again(tenants, pool):
 
     services.finish_job(first.id, JobState.CANCELLED)
     assert services.admit_queued_jobs() == [second.id]
+
+
+def test_a_running_job_whose_workers_go_silent_fails_and_is_torn_down(tenants, pool, local_backend):
+    # Nothing listens at POLYCHIP_PUBLIC_URL here, so the workers' heartbeats never arrive.
+    job = services.submit_job(
+        tenant_id=tenants[0].id, user_id=None, spec=parse_job_spec({**SPEC, "workload": {"steps": 100_000}})
+    )
+    services.admit_queued_jobs()
+    assert services.provision_job(job.id) is True
+    assert services.observe_job(job.id) == JobState.RUNNING  # launched moments ago: still trusted
+
+    silent_since = timezone.now() - timedelta(seconds=settings.POLYCHIP_HEARTBEAT_TIMEOUT_S + 1)
+    TrainingJob.objects.filter(pk=job.id).update(last_heartbeat_at=silent_since)
+    assert services.observe_job(job.id) == JobState.FAILED
+    failed = TrainingJob.objects.get(pk=job.id)
+    assert failed.failure_reason == f"no heartbeat for {settings.POLYCHIP_HEARTBEAT_TIMEOUT_S:.0f} s"
+    assert UsageRecord.objects.filter(job_id=job.id).count() == 2
+
+    services.teardown_job(job.id)  # what the task queued on commit does
+    assert TrainingJob.objects.get(pk=job.id).torn_down_at is not None
+    assert processes_mentioning(failed.backend_handle["run_dir"]) == []
+    assert services.untorn_job_ids() == []
