@@ -15,16 +15,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
-from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import connection
 
 from jobs import services
 from jobs.api.serializers import event_json, job_json
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Longer than any transaction that writes an event is expected to stay open.
 LATE_COMMIT_WINDOW_S = 10.0
@@ -56,7 +59,22 @@ class SeenIds:
         self._seen = {k: at for k, at in self._seen.items() if at >= horizon}
 
 
-@database_sync_to_async
+# The relay's queries run on a thread of their own that keeps one database connection open: not
+# on the thread that serves the sync views, and not a new connection every round.
+_db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polychip-relay-db")
+
+
+async def _on_db_thread(fn: Callable[..., T], *args: Any) -> T:
+    def call() -> T:
+        try:
+            return fn(*args)
+        except Exception:
+            connection.close()  # a broken connection is replaced on the next round
+            raise
+
+    return await asyncio.get_running_loop().run_in_executor(_db_thread, call)
+
+
 def _messages(cursor: int, seen: SeenIds) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
     messages: list[tuple[int, dict[str, Any]]] = []
     for event in services.recent_events(after_id=cursor, window_s=LATE_COMMIT_WINDOW_S):
@@ -68,19 +86,14 @@ def _messages(cursor: int, seen: SeenIds) -> tuple[int, list[tuple[int, dict[str
     return cursor, messages
 
 
-@database_sync_to_async
-def _start_cursor() -> int:
-    return services.latest_event_id()
-
-
 async def _run() -> None:
     layer = get_channel_layer()
     assert layer is not None, "CHANNEL_LAYERS is not configured"
-    cursor = await _start_cursor()
+    cursor = await _on_db_thread(services.latest_event_id)
     seen = SeenIds(LATE_COMMIT_WINDOW_S)
     while _listeners > 0:
         try:
-            cursor, messages = await _messages(cursor, seen)
+            cursor, messages = await _on_db_thread(_messages, cursor, seen)
             for tenant_id, message in messages:
                 await layer.group_send(tenant_group(tenant_id), message)
             seen.forget_old()
