@@ -156,6 +156,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = (
     else {"visibility_timeout": 3600}
 )
 if CELERY_BROKER_URL.startswith("filesystem"):
+    CELERY_BROKER_TRANSPORT = "controlplane.broker:Transport"  # kombu's, with atomic writes
     for folder in ("queue", "control", "processed"):
         (BROKER_DIR / folder).mkdir(parents=True, exist_ok=True)
 CELERY_TASK_IGNORE_RESULT = True
