@@ -12,6 +12,7 @@ The client side speaks only HTTP to the API, as a CI pipeline would.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +26,8 @@ from typing import Any
 
 import requests
 import yaml
+
+from runtime.backends.local.procs import pid_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -47,19 +50,10 @@ def _pid_file(name: str) -> Path:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        # Reap it first when it is our own child (`demo --stop`), or it lingers as a zombie.
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    # Reap it when it is our own child (`demo --stop`), so that it does not linger as a zombie.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    return pid_alive(pid)
 
 
 def _running(name: str) -> int | None:

@@ -60,8 +60,13 @@ class InvalidTransition(ValueError):
 # --- reading ----------------------------------------------------------------------------------
 
 
+ALLOCATION_DEVICES = ("allocations__device__node", "allocations__device__flavor")
+
+
 def _device_views(job: TrainingJob) -> tuple[DeviceView, ...]:
-    allocations = job.allocations.select_related("device__node", "device__flavor").order_by("rank", "started_at")
+    # Sorted here, not in SQL, so that a list of jobs fetched with ALLOCATION_DEVICES prefetched
+    # costs no query per job.
+    allocations = sorted(job.allocations.all(), key=lambda a: (a.rank, a.started_at))
     return tuple(
         DeviceView(
             rank=a.rank,
@@ -101,14 +106,18 @@ def to_view(job: TrainingJob) -> JobView:
 
 
 def get_job(*, tenant_id: int, job_id: int) -> JobView:
-    job = TrainingJob.objects.filter(tenant_id=tenant_id, pk=job_id).first()
+    job = TrainingJob.objects.filter(tenant_id=tenant_id, pk=job_id).prefetch_related(*ALLOCATION_DEVICES).first()
     if job is None:
         raise JobNotFound(job_id)
     return to_view(job)
 
 
 def list_jobs(*, tenant_id: int, limit: int = 100) -> list[JobView]:
-    jobs = TrainingJob.objects.filter(tenant_id=tenant_id).order_by("-created_at", "-pk")[:limit]
+    jobs = (
+        TrainingJob.objects.filter(tenant_id=tenant_id)
+        .prefetch_related(*ALLOCATION_DEVICES)
+        .order_by("-created_at", "-pk")[:limit]
+    )
     return [to_view(job) for job in jobs]
 
 

@@ -11,14 +11,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.errors import FieldError
+
 KNOWN_KINDS = frozenset({"started", "heartbeat", "step", "finished", "failed"})
 
 
-class InvalidTelemetry(ValueError):
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+class InvalidTelemetry(FieldError):
+    """A telemetry batch that cannot be applied."""
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from runtime.errors import FieldError
+
 WORKLOAD_KINDS = ("synthetic-mlp",)
 MAX_DEVICES = 64
 
 
-class SpecError(ValueError):
-    def __init__(self, field_path: str, message: str) -> None:
-        super().__init__(f"{field_path}: {message}")
-        self.field = field_path
-        self.message = message
+class SpecError(FieldError):
+    """A job spec that cannot be used."""
 
 
 @dataclass(frozen=True)

@@ -12,16 +12,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.errors import FieldError
 from runtime.jobspec import SpecError, WorkloadSpec, parse_workload
 
 
-class ConfigError(ValueError):
-    """A worker config that cannot be used; the message names the key and the fix."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
-        self.message = message
+class ConfigError(FieldError):
+    """A worker config that cannot be used; ``field`` is the config key."""
 
 
 @dataclass(frozen=True)

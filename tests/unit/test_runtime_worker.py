@@ -85,7 +85,7 @@ def test_a_config_takes_an_uneven_split() -> None:
 def test_a_bad_config_names_the_key(changes: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(_raw(**changes))
-    assert info.value.key == key
+    assert info.value.field == key
 
 
 def test_a_missing_key_is_named() -> None:
