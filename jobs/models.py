@@ -70,6 +70,9 @@ class TrainingJob(models.Model):
     spec = models.JSONField()
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
     pending_reason = models.CharField(max_length=500, blank=True)
+    # Place in its tenant's queue (1 = next), written by the admission cycle while queued.
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    priority = models.IntegerField(default=0)
     failure_reason = models.TextField(blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
@@ -77,6 +80,17 @@ class TrainingJob(models.Model):
     admitted_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    # What admission charged against the tenant's quota (resource -> devices or milli-NAU), and
+    # whether that went above the tenant's nominal share: only such work may be preempted.
+    demand = models.JSONField(default=dict, blank=True)
+    borrowing = models.BooleanField(default=False)
+    # Each admission is a new attempt, launched under its own run key; a preempted job goes back
+    # to the queue and comes back as the next attempt.
+    attempt = models.PositiveIntegerField(default=0)
+    preemptions = models.PositiveIntegerField(default=0)
+    # Handles of earlier attempts the backend has not yet confirmed gone (see teardown).
+    pending_teardowns = models.JSONField(default=list, blank=True)
 
     # Set by the one worker that won the right to launch the job (a claim; see services).
     provision_claimed_at = models.DateTimeField(null=True, blank=True)
@@ -97,10 +111,22 @@ class TrainingJob(models.Model):
     artifact_path = models.CharField(max_length=500, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "-created_at"]), models.Index(fields=["state", "created_at"])]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"]),
+            models.Index(fields=["state", "created_at"]),
+            models.Index(fields=["tenant", "state", "-priority", "created_at"]),
+        ]
 
     def __str__(self) -> str:
         return f"job {self.pk} ({self.name}, {self.state})"
+
+
+class AdmissionLock(models.Model):
+    """One row whose lock serializes admission cycles, so that every cycle sees the usage that
+    the previous one committed: quota checks are exact, not best effort."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    last_cycle_at = models.DateTimeField(null=True, blank=True)
 
 
 class AppendOnlyError(RuntimeError):

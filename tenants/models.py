@@ -1,15 +1,43 @@
-"""Tenants, who belongs to them, and the tokens that CI pipelines use."""
+"""Tenants, who belongs to them, the tokens that CI pipelines use, and how much each may hold.
+
+Quotas follow Kueue: a tenant is a ClusterQueue with a nominal amount per resource, a borrowing
+limit and a lending limit, inside an optional cohort whose members lend each other what they do
+not use. A resource is a flavor (counted in devices) or ``nau`` (normalized accelerator units:
+one NAU is the throughput one device of the reference flavor gives a job's class).
+"""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
+
+NAU_RESOURCE = "nau"
+
+
+class Cohort(models.Model):
+    """Tenants that lend each other unused quota."""
+
+    name = models.SlugField(max_length=63, unique=True)
+    description = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Tenant(models.Model):
     slug = models.SlugField(max_length=63, unique=True)
     name = models.CharField(max_length=200)
+    cohort = models.ForeignKey(Cohort, null=True, blank=True, on_delete=models.PROTECT, related_name="tenants")
+    # Fair sharing divides a tenant's share by its weight: weight 2 is entitled to twice as much.
+    fair_share_weight = models.DecimalField(max_digits=6, decimal_places=3, default=Decimal("1"))
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(fair_share_weight__gt=0), name="tenant_weight_positive")]
 
     def __str__(self) -> str:
         return self.slug
@@ -34,6 +62,47 @@ class Membership(models.Model):
         return f"{self.user} in {self.tenant} as {self.role}"
 
 
+class Quota(models.Model):
+    """How much of one resource a tenant may hold: devices of a flavor, or NAU."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
+    resource = models.CharField(max_length=63)  # a flavor name, or NAU_RESOURCE
+    nominal = models.DecimalField(max_digits=12, decimal_places=3)
+    # None: borrow as much as the cohort can lend.
+    borrowing_limit = models.DecimalField(max_digits=12, decimal_places=3, null=True, blank=True)
+    # None: lend all unused nominal to the cohort.
+    lending_limit = models.DecimalField(max_digits=12, decimal_places=3, null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "resource"], name="quota_one_per_resource"),
+            models.CheckConstraint(condition=Q(nominal__gte=0), name="quota_nominal_not_negative"),
+            models.CheckConstraint(
+                condition=Q(borrowing_limit__isnull=True) | Q(borrowing_limit__gte=0),
+                name="quota_borrowing_not_negative",
+            ),
+            models.CheckConstraint(
+                condition=Q(lending_limit__isnull=True)
+                | (Q(lending_limit__gte=0) & Q(lending_limit__lte=models.F("nominal"))),
+                name="quota_lending_within_nominal",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}: {self.resource} {self.nominal}"
+
+
+class Scope(models.TextChoices):
+    READ = "read"
+    SUBMIT = "submit"
+    MANAGE = "manage"
+
+
+def default_scopes() -> list[str]:
+    return [Scope.READ.value, Scope.SUBMIT.value]
+
+
 class ApiToken(models.Model):
     """A bearer token; only its SHA-256 is stored, the secret is shown once at creation."""
 
@@ -46,6 +115,8 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # What the token may do, further limited by its user's role: read, submit, manage.
+    scopes = models.JSONField(default=default_scopes)
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"

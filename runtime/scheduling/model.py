@@ -1,0 +1,110 @@
+"""The scheduler's inputs and outputs: frozen dataclasses, no I/O.
+
+Quantities are integers so that quota arithmetic is exact: a flavor resource counts devices, and
+the ``nau`` resource counts milli-NAU (normalized accelerator units; one NAU is the throughput
+that one device of the reference flavor gives the job's class).
+
+The shapes follow Kueue: a ``TenantQuota`` is a ClusterQueue (per-resource nominal, borrowing and
+lending limits, inside an optional cohort), a ``PendingJob`` is a Workload, and ``schedule`` is one
+scheduling cycle over a ``Snapshot`` of capacity and usage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from runtime.scheduling.placement import FreeDevice
+
+NAU = "nau"
+MILLI = 1000
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A tenant's quota for one resource (a flavor's devices, or milli-NAU).
+
+    ``borrowing_limit``: how much above nominal the tenant may take from its cohort; None means no
+    limit but what the cohort can lend. ``lending_limit``: how much of its unused nominal the cohort
+    may borrow; None means all of it.
+    """
+
+    nominal: int
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+
+
+@dataclass(frozen=True)
+class TenantQuota:
+    tenant_id: int
+    cohort: str | None
+    limits: Mapping[str, Limit]
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    job_id: int
+    tenant_id: int
+    priority: int
+    submitted_at: float  # seconds; only the order matters
+    devices: int
+    flavors: tuple[str, ...]  # allowed flavors, in the job's order of preference
+    job_class: str
+
+
+@dataclass(frozen=True)
+class AdmittedJob:
+    """A job that holds devices now (admitted or running)."""
+
+    job_id: int
+    tenant_id: int
+    priority: int
+    admitted_at: float
+    devices: tuple[FreeDevice, ...]
+    demand: Mapping[str, int]  # resource -> amount charged at admission
+    borrowing: bool  # it went above its tenant's nominal for some resource when admitted
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    tenants: Mapping[int, TenantQuota]
+    pending: Sequence[PendingJob]
+    admitted: Sequence[AdmittedJob]
+    free: Sequence[FreeDevice]
+    # milli-NAU per device, by (job class, flavor); a missing pair is estimated by the caller.
+    nau_rates: Mapping[tuple[str, str], int]
+    # Decayed historical usage per tenant and resource, already normalized to "average amount in
+    # use" (see fairshare), for fair sharing.
+    history: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Admission:
+    job_id: int
+    devices: tuple[FreeDevice, ...]  # rank order
+    demand: Mapping[str, int]
+    borrowing: bool
+    preempts: tuple[int, ...] = ()  # job ids that must give their devices back first
+
+
+@dataclass(frozen=True)
+class Preemption:
+    job_id: int
+    by_job_id: int
+    reason: str  # e.g. "reclaimed by tenant 3 (within its nominal quota)"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    job_id: int
+    reason: str  # readable: "waiting: 6 of 8 ascend-910b in use by your tenant; cohort has 0 to lend"
+    position: int  # 1-based place in its tenant's queue after this cycle
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    admissions: tuple[Admission, ...]
+    preemptions: tuple[Preemption, ...]
+    waiting: tuple[Waiting, ...]
