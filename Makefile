@@ -50,7 +50,7 @@ test-unit: install ## Pure unit tests: no database, seconds
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 test-integration: install services ## PostgreSQL + Redis + a real Celery worker, the job's life end to end
-	$(TEST_ENV) $(BIN)/pytest tests/integration $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/pytest tests/integration tests/security $(PYTEST_ARGS)
 
 test-runtime: install ## Real torch.distributed processes over gloo
 	$(TEST_ENV) $(BIN)/pytest tests/runtime $(PYTEST_ARGS)

@@ -118,7 +118,12 @@ def cmd_up(args: argparse.Namespace) -> str:
     _manage("migrate", "--noinput", "-v", "0")
     _manage("load_pool")
     token_file = str(var_dir() / "demo-token")
-    _manage("ensure_tenant", "--user", DEMO_USER, "--password", DEMO_PASSWORD, "--token-file", token_file)
+    # 16 NAU is the whole demo pool (2 h100 at 3.17 NAU each, 2 a100 at 1, 4 ascend-910b at 1.026,
+    # 4 tpu-v4 at 0.881); operators change it through the API or the admin.
+    _manage(
+        "ensure_tenant",
+        *("--user", DEMO_USER, "--password", DEMO_PASSWORD, "--token-file", token_file, "--nau-quota", "16"),
+    )
     operator_file = var_dir() / "operator-password"
     _manage("ensure_operator", "--username", OPERATOR_USER, "--password-file", str(operator_file))
 

@@ -21,5 +21,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return None
     detail = response.data.get("detail", response.data) if isinstance(response.data, dict) else response.data
     code = getattr(exc, "default_code", "error")
-    response.data = {"error": {"code": code, "message": str(detail)}}
+    body: dict[str, Any] = {"code": code, "message": str(detail)}
+    if isinstance(field := getattr(exc, "field", None), str):
+        body["field"] = field  # an APIException that knows which field is wrong says so
+    response.data = {"error": body}
     return response

@@ -199,6 +199,13 @@ POLYCHIP_PUBLIC_URL = os.environ.get("POLYCHIP_PUBLIC_URL", "http://127.0.0.1:80
 POLYCHIP_HEARTBEAT_TIMEOUT_S = float(os.environ.get("POLYCHIP_HEARTBEAT_TIMEOUT_S", "60"))
 # The local backend pads each emulated step to samples * this / relative_speed milliseconds.
 POLYCHIP_LOCAL_SAMPLE_TIME_MS = float(os.environ.get("POLYCHIP_LOCAL_SAMPLE_TIME_MS", "0.5"))
+# Quotas in NAU count throughput in units of one device of this flavor (the slowest flavor when
+# the pool lacks it).
+POLYCHIP_NAU_REFERENCE = os.environ.get("POLYCHIP_NAU_REFERENCE", "a100-sxm")
+# Fair sharing weighs current usage and decayed past usage half and half (the blend); past usage
+# halves every half-life, so last week's burst hardly counts today.
+POLYCHIP_FAIR_SHARE_HALF_LIFE_H = float(os.environ.get("POLYCHIP_FAIR_SHARE_HALF_LIFE_H", "12"))
+POLYCHIP_FAIR_SHARE_BLEND = float(os.environ.get("POLYCHIP_FAIR_SHARE_BLEND", "0.5"))
 # How often the portal's event relay looks for new job events to push.
 POLYCHIP_PUSH_POLL_S = float(os.environ.get("POLYCHIP_PUSH_POLL_S", "0.05"))
 

@@ -11,5 +11,6 @@ urlpatterns = [
     path("healthz", healthz),
     path("admin/", admin.site.urls),
     path("api/v1/", include("jobs.api.urls")),
+    path("api/v1/", include("tenants.api.urls")),
     path("", include("frontend.urls")),
 ]

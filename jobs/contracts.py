@@ -39,6 +39,12 @@ class JobView:
     rank_stats: dict[str, Any]
     artifact_path: str
     devices: tuple[DeviceView, ...]
+    priority: int = 0
+    queue_position: int | None = None
+    demand: dict[str, int] | None = None
+    borrowing: bool = False
+    attempt: int = 0
+    preemptions: int = 0
 
     @property
     def progress(self) -> float:
@@ -70,3 +76,30 @@ class FlavorPoolView:
     devices: int
     healthy: int
     allocated: int
+
+
+@dataclass(frozen=True)
+class QuotaUsageView:
+    """One resource of a tenant's quota and how much of it is in use now.
+
+    Amounts are devices for a flavor and NAU (3 decimals) for ``nau``; None means no limit."""
+
+    resource: str
+    unit: str
+    nominal: float
+    borrowing_limit: float | None
+    lending_limit: float | None
+    in_use: float
+    borrowed: float
+    cohort: str | None
+    cohort_can_lend: float | None
+
+
+@dataclass(frozen=True)
+class QueuedJobView:
+    id: int
+    name: str
+    priority: int
+    position: int | None
+    reason: str
+    submitted_at: datetime

@@ -7,6 +7,8 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
+from tenants.scoping import TenantScopedManager
+
 
 class Flavor(models.Model):
     name = models.CharField(max_length=63, unique=True)
@@ -73,6 +75,8 @@ class TrainingJob(models.Model):
     # Place in its tenant's queue (1 = next), written by the admission cycle while queued.
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     priority = models.IntegerField(default=0)
+    # What kind of work it is, for the throughput matrix that prices it in NAU.
+    job_class = models.CharField(max_length=63, default="synthetic-mlp")
     failure_reason = models.TextField(blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
@@ -110,6 +114,11 @@ class TrainingJob(models.Model):
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     artifact_path = models.CharField(max_length=500, blank=True)
 
+    # System code (admission, sweeps) uses ``objects``; anything answering a tenant uses
+    # ``scoped.for_tenant(id)``, which returns nothing until scoped.
+    objects = models.Manager()
+    scoped = TenantScopedManager()
+
     class Meta:
         indexes = [
             models.Index(fields=["tenant", "-created_at"]),
@@ -127,6 +136,9 @@ class AdmissionLock(models.Model):
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     last_cycle_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"admission lock (last cycle {self.last_cycle_at})"
 
 
 class AppendOnlyError(RuntimeError):
@@ -153,6 +165,9 @@ class JobEvent(models.Model):
     message = models.CharField(max_length=500, blank=True)
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = models.Manager()
+    scoped = TenantScopedManager()
 
     class Meta:
         ordering = ["id"]

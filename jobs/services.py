@@ -8,7 +8,6 @@ ids, so running a task twice changes nothing the second time.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import logging
@@ -17,14 +16,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
 from billing import services as billing
 from billing.contracts import UsageInterval
 from jobs.backends import get_backend
-from jobs.contracts import DeviceView, EventView, FlavorPoolView, JobView
+from jobs.contracts import DeviceView, EventView, FlavorPoolView, JobView, QueuedJobView, QuotaUsageView
 from jobs.models import (
     TERMINAL_STATES,
     Allocation,
@@ -40,7 +39,8 @@ from jobs.telemetry import TelemetryEvent
 from runtime.backends.base import LaunchRequest, Phase, RankPlacement
 from runtime.inventory import Pool
 from runtime.jobspec import JobSpec, parse_workload
-from runtime.scheduling import FreeDevice, GangRequest, Placement, place_gang
+from runtime.scheduling import QuotaLedger
+from runtime.scheduling.model import MILLI, NAU
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +102,17 @@ def to_view(job: TrainingJob) -> JobView:
         rank_stats=job.rank_stats,
         artifact_path=job.artifact_path,
         devices=_device_views(job),
+        priority=job.priority,
+        queue_position=job.queue_position,
+        demand=dict(job.demand),
+        borrowing=job.borrowing,
+        attempt=job.attempt,
+        preemptions=job.preemptions,
     )
 
 
 def get_job(*, tenant_id: int, job_id: int) -> JobView:
-    job = TrainingJob.objects.filter(tenant_id=tenant_id, pk=job_id).prefetch_related(*ALLOCATION_DEVICES).first()
+    job = TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).prefetch_related(*ALLOCATION_DEVICES).first()
     if job is None:
         raise JobNotFound(job_id)
     return to_view(job)
@@ -114,7 +120,7 @@ def get_job(*, tenant_id: int, job_id: int) -> JobView:
 
 def list_jobs(*, tenant_id: int, limit: int = 100) -> list[JobView]:
     jobs = (
-        TrainingJob.objects.filter(tenant_id=tenant_id)
+        TrainingJob.scoped.for_tenant(tenant_id)
         .prefetch_related(*ALLOCATION_DEVICES)
         .order_by("-created_at", "-pk")[:limit]
     )
@@ -136,9 +142,9 @@ def event_view(event: JobEvent) -> EventView:
 
 
 def list_events(*, tenant_id: int, job_id: int) -> list[EventView]:
-    if not TrainingJob.objects.filter(tenant_id=tenant_id, pk=job_id).exists():
+    if not TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).exists():
         raise JobNotFound(job_id)
-    return [event_view(e) for e in JobEvent.objects.filter(job_id=job_id).order_by("pk")]
+    return [event_view(e) for e in JobEvent.scoped.for_tenant(tenant_id).filter(job_id=job_id).order_by("pk")]
 
 
 def recent_events(*, after_id: int, window_s: float, limit: int = 500) -> list[EventView]:
@@ -178,6 +184,63 @@ def pool_summary() -> list[FlavorPoolView]:
             allocated=f.allocated,
         )
         for f in flavors
+    ]
+
+
+def quota_usage(*, tenant_id: int) -> list[QuotaUsageView]:
+    """The tenant's quotas with what its running work holds against them, and what its cohort
+    could lend it now, computed by the same ledger that admission uses."""
+    from jobs import admission
+
+    quotas = admission.tenant_quotas()
+    own = quotas.get(tenant_id)
+    if own is None:
+        return []
+    rates = admission.throughput_matrix().rates(["synthetic-mlp"])
+    ledger = QuotaLedger(quotas, admission.holding_jobs(rates))
+    usage = ledger.usage(tenant_id)
+
+    def show(resource: str, amount: int | None) -> float | None:
+        if amount is None:
+            return None
+        return round(amount / MILLI, 3) if resource == NAU else float(amount)
+
+    rows = []
+    for resource, limit in sorted(own.limits.items(), key=lambda item: (item[0] == NAU, item[0])):
+        in_use = usage.get(resource, 0)
+        rows.append(
+            QuotaUsageView(
+                resource=resource,
+                unit="NAU" if resource == NAU else "devices",
+                nominal=show(resource, limit.nominal) or 0.0,
+                borrowing_limit=show(resource, limit.borrowing_limit),
+                lending_limit=show(resource, limit.lending_limit),
+                in_use=show(resource, in_use) or 0.0,
+                borrowed=show(resource, max(0, in_use - limit.nominal)) or 0.0,
+                cohort=own.cohort,
+                cohort_can_lend=show(resource, ledger.lendable_free(own.cohort, resource)) if own.cohort else None,
+            )
+        )
+    return rows
+
+
+def queue(*, tenant_id: int, limit: int = 500) -> list[QueuedJobView]:
+    """The tenant's waiting jobs in the order admission considers them, with place and reason."""
+    jobs = (
+        TrainingJob.scoped.for_tenant(tenant_id)
+        .filter(state=JobState.QUEUED)
+        .order_by("-priority", "created_at", "pk")[:limit]
+    )
+    return [
+        QueuedJobView(
+            id=job.pk,
+            name=job.name,
+            priority=job.priority,
+            position=job.queue_position,
+            reason=job.pending_reason or "waiting for the next admission cycle",
+            submitted_at=job.created_at,
+        )
+        for job in jobs
     ]
 
 
@@ -242,25 +305,30 @@ def _record(
     )
 
 
-def _claim(
+def claim_transition(
     job_id: int,
     from_states: Iterable[str],
     to_state: str,
     *,
     message: str,
     data: dict[str, Any] | None = None,
+    attempt: int | None = None,
     **fields: Any,
 ) -> TrainingJob | None:
     """Move a job from one of ``from_states`` to ``to_state``; None when another worker got there first.
 
-    Must run inside a transaction; the event is appended in it.
+    With ``attempt``, the claim holds only for that attempt (a preempted and re-admitted job is a
+    new attempt, and a launcher of the old one must not move it). Must run inside a transaction;
+    the event is appended in it.
     """
     allowed = list(from_states)
     job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
-    if job is None or job.state not in allowed:
+    if job is None or job.state not in allowed or (attempt is not None and job.attempt != attempt):
         return None
     now = timezone.now()
-    won = TrainingJob.objects.filter(pk=job_id, state=job.state).update(state=to_state, state_changed_at=now, **fields)
+    won = TrainingJob.objects.filter(pk=job_id, state=job.state, attempt=job.attempt).update(
+        state=to_state, state_changed_at=now, **fields
+    )
     if won != 1:
         return None
     previous = job.state
@@ -269,7 +337,7 @@ def _claim(
     return job
 
 
-def _end_allocations(job: TrainingJob, ended_at: datetime) -> int:
+def end_allocations(job: TrainingJob, ended_at: datetime) -> int:
     """Close the job's open allocations and write their usage in the current transaction."""
     open_allocations = list(job.allocations.filter(ended_at__isnull=True).select_related("device__flavor"))
     for allocation in open_allocations:
@@ -301,6 +369,8 @@ def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> JobView
             spec=spec.to_dict(),
             state=JobState.QUEUED,
             total_steps=spec.workload.steps,
+            priority=spec.priority,
+            job_class=spec.workload.kind,
         )
         _record(job, kind=JobEvent.Kind.TRANSITION, to_state=JobState.QUEUED, message="submitted")
         # robust: a broker hiccup must not turn a stored job into a 500 (and a retried duplicate);
@@ -309,80 +379,19 @@ def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> JobView
     return to_view(job)
 
 
-def _free_devices() -> list[FreeDevice]:
-    held = Allocation.objects.filter(ended_at__isnull=True).values("device_id")
-    devices = (
-        Device.objects.filter(health=DeviceHealth.HEALTHY)
-        .exclude(pk__in=held)
-        .select_related("node", "flavor")
-        .order_by("device_id")
-    )
-    return [FreeDevice(device_id=d.device_id, node=d.node.name, flavor=d.flavor.name) for d in devices]
-
-
-def _allocate(job: TrainingJob, placement: Placement, now: datetime) -> None:
-    devices = {d.device_id: d for d in Device.objects.filter(device_id__in=[p.device_id for p in placement.devices])}
-    Allocation.objects.bulk_create(
-        Allocation(job=job, device=devices[p.device_id], rank=rank, started_at=now)
-        for rank, p in enumerate(placement.devices)
-    )
-
-
 def admit_queued_jobs() -> list[int]:
-    """One admission round: best-effort FIFO over queued jobs, all-or-nothing gangs. Returns admitted ids."""
-    from jobs import tasks
+    """One admission cycle (see ``jobs.admission``); returns the ids it admitted."""
+    from jobs.admission import run_admission_cycle
 
-    admitted: list[int] = []
-    queued = list(
-        TrainingJob.objects.filter(state=JobState.QUEUED).order_by("created_at", "pk").values_list("pk", flat=True)
-    )
-    for job_id in queued:
-        try:
-            with transaction.atomic():
-                job = (
-                    TrainingJob.objects.select_for_update(skip_locked=True)
-                    .filter(pk=job_id, state=JobState.QUEUED)
-                    .first()
-                )
-                if job is None:
-                    continue  # another admitter holds it, or it moved on
-                decision = place_gang(
-                    GangRequest(devices=job.spec["devices"], flavors=tuple(job.spec["flavors"])), _free_devices()
-                )
-                if not isinstance(decision, Placement):
-                    if job.pending_reason != decision.reason:
-                        TrainingJob.objects.filter(pk=job.pk).update(pending_reason=decision.reason)
-                    # Best-effort FIFO (Kueue's default): a job that does not fit now waits with its
-                    # reason and lets smaller ones behind it start. The pool can grow, so a job larger
-                    # than today's pool waits rather than being refused.
-                    continue
-                now = timezone.now()
-                device_ids = [d.device_id for d in decision.devices]
-                claimed = _claim(
-                    job.pk,
-                    [JobState.QUEUED],
-                    JobState.ADMITTED,
-                    message=f"admitted on {len(device_ids)} devices: {', '.join(decision.flavors)}",
-                    data={"devices": device_ids, "flavors": list(decision.flavors)},
-                    admitted_at=now,
-                    pending_reason="",
-                )
-                if claimed is None:
-                    continue
-                _allocate(claimed, decision, now)
-                transaction.on_commit(functools.partial(tasks.provision_job.delay, job.pk))
-                admitted.append(job.pk)
-        except IntegrityError:
-            # A device was taken between the snapshot and the insert: the next round sees it.
-            log.info("admission of job %s lost a device race; retrying next round", job_id)
-            break
-    return admitted
+    return list(run_admission_cycle().admitted)
 
 
 def run_key(job: TrainingJob) -> str:
-    """A name for the job's run that is unique beyond the primary key, so that a reset database
-    never meets an old run's files, artifacts or still-running workers."""
-    return f"job-{job.pk}-{job.created_at:%Y%m%d%H%M%S%f}"
+    """A name for the job's run (this attempt of it) that is unique beyond the primary key, so that
+    a reset database never meets an old run's files, artifacts or still-running workers, and a
+    preempted attempt's workers cannot report into the next one."""
+    key = f"job-{job.pk}-{job.created_at:%Y%m%d%H%M%S%f}"
+    return f"{key}-a{job.attempt}" if job.attempt else key
 
 
 def ingest_token(job: TrainingJob) -> str:
@@ -412,7 +421,7 @@ def provision_job(job_id: int) -> bool:
     now = timezone.now()
     stale = now - PROVISION_CLAIM_TIMEOUT
     # The claim: only one worker launches. A claim older than the timeout is taken over, which
-    # is safe because the backend's provision is idempotent per job.
+    # is safe because the backend's provision is idempotent per run.
     won = (
         TrainingJob.objects.filter(pk=job_id, state=JobState.ADMITTED)
         .filter(Q(provision_claimed_at__isnull=True) | Q(provision_claimed_at__lt=stale))
@@ -429,25 +438,29 @@ def provision_job(job_id: int) -> bool:
         finish_job(job_id, JobState.FAILED, reason=f"provisioning failed: {exc}")
         return False
     with transaction.atomic():
-        running = _claim(
+        running = claim_transition(
             job_id,
             [JobState.ADMITTED],
             JobState.RUNNING,
+            attempt=job.attempt,
             message=f"launched on the {backend.name} backend",
             started_at=timezone.now(),
             backend_handle=handle,
             last_heartbeat_at=timezone.now(),
         )
-    if running is not None:
-        return True
-    state = TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
-    if state in TERMINAL_STATES:
-        # Cancelled while we launched: record the handle so the sweep makes sure nothing runs.
-        TrainingJob.objects.filter(pk=job_id, backend_handle__isnull=True).update(backend_handle=handle)
+        if running is None:
+            current = TrainingJob.objects.select_for_update().get(pk=job_id)
+            if current.backend_handle == handle:
+                # A provisioner that took over our stale claim already moved it to running: the
+                # backend returned that same launch to both of us, so there is nothing to undo.
+                return False
+            # Cancelled or preempted while we launched: what we started must not keep running.
+            if handle not in current.pending_teardowns:
+                current.pending_teardowns = [*current.pending_teardowns, handle]
+                current.save(update_fields=["pending_teardowns"])
+    if running is None:
         teardown_job(job_id)
-    # Otherwise a provisioner that took over our stale claim already moved it to running: the
-    # backend returned that same launch to both of us, so there is nothing to undo.
-    return False
+    return running is not None
 
 
 def finish_job(job_id: int, state: str, *, reason: str = "", message: str = "") -> bool:
@@ -458,7 +471,7 @@ def finish_job(job_id: int, state: str, *, reason: str = "", message: str = "") 
         raise InvalidTransition(f"{state} is not a terminal state")
     with transaction.atomic():
         now = timezone.now()
-        job = _claim(
+        job = claim_transition(
             job_id,
             [JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING],
             state,
@@ -469,7 +482,7 @@ def finish_job(job_id: int, state: str, *, reason: str = "", message: str = "") 
         )
         if job is None:
             return False
-        _end_allocations(job, now)
+        end_allocations(job, now)
         if job.backend_handle:
             transaction.on_commit(lambda: tasks.teardown_job.delay(job_id), robust=True)
         transaction.on_commit(tasks.admit_queued_jobs.delay, robust=True)
@@ -477,7 +490,7 @@ def finish_job(job_id: int, state: str, *, reason: str = "", message: str = "") 
 
 
 def cancel_job(*, tenant_id: int, job_id: int) -> JobView:
-    job = TrainingJob.objects.filter(tenant_id=tenant_id, pk=job_id).first()
+    job = TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).first()
     if job is None:
         raise JobNotFound(job_id)
     if job.state in TERMINAL_STATES:
@@ -489,21 +502,28 @@ def cancel_job(*, tenant_id: int, job_id: int) -> JobView:
 
 
 def teardown_job(job_id: int) -> None:
-    """Make sure nothing of an ended job runs; recorded only once the backend confirms it."""
-    job = TrainingJob.objects.filter(pk=job_id, state__in=TERMINAL_STATES, torn_down_at__isnull=True).first()
-    if job is None or not job.backend_handle:
+    """Make sure nothing runs of an ended job, or of a preempted attempt; each handle is crossed
+    off only once the backend confirms it is gone."""
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is None:
         return
-    get_backend().teardown(job.backend_handle)
-    TrainingJob.objects.filter(pk=job_id, torn_down_at__isnull=True).update(torn_down_at=timezone.now())
+    backend = get_backend()
+    for handle in job.pending_teardowns:
+        backend.teardown(handle)
+        with transaction.atomic():
+            current = TrainingJob.objects.select_for_update().get(pk=job_id)
+            current.pending_teardowns = [h for h in current.pending_teardowns if h != handle]
+            current.save(update_fields=["pending_teardowns"])
+    if job.state in TERMINAL_STATES and job.torn_down_at is None and job.backend_handle:
+        backend.teardown(job.backend_handle)
+        TrainingJob.objects.filter(pk=job_id, torn_down_at__isnull=True).update(torn_down_at=timezone.now())
 
 
 def untorn_job_ids() -> list[int]:
-    """Ended jobs whose teardown was never confirmed (its message lost, or the worker died)."""
-    return list(
-        TrainingJob.objects.filter(
-            state__in=TERMINAL_STATES, backend_handle__isnull=False, torn_down_at__isnull=True
-        ).values_list("pk", flat=True)
-    )
+    """Jobs with something the backend has not confirmed gone: an ended job whose teardown message
+    was lost (or whose worker died), or an earlier attempt of a preempted job."""
+    ended = Q(state__in=TERMINAL_STATES, backend_handle__isnull=False, torn_down_at__isnull=True)
+    return list(TrainingJob.objects.filter(ended | ~Q(pending_teardowns=[])).values_list("pk", flat=True))
 
 
 def observe_job(job_id: int) -> str:

@@ -13,6 +13,7 @@ from runtime.errors import FieldError
 
 WORKLOAD_KINDS = ("synthetic-mlp",)
 MAX_DEVICES = 64
+MAX_PRIORITY = 1000
 
 
 class SpecError(FieldError):
@@ -35,6 +36,9 @@ class JobSpec:
     devices: int
     flavors: tuple[str, ...]
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    # Higher goes first within the tenant's queue, and may preempt work that runs on borrowed
+    # capacity (never a tenant's nominal share).
+    priority: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -90,7 +94,7 @@ def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
     """Validate a job spec. ``known_flavors`` (when given) rejects flavors the pool lacks."""
     if not isinstance(raw, dict):
         raise SpecError("spec", "must be a JSON object with name, devices and flavors")
-    _reject_unknown(raw, {"name", "devices", "flavors", "workload"}, "")
+    _reject_unknown(raw, {"name", "devices", "flavors", "workload", "priority"}, "")
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
         raise SpecError("name", 'required; give the job a short name such as "resnet-sweep-1"')
@@ -108,4 +112,11 @@ def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
     workload = parse_workload(raw.get("workload"))
     if workload.global_batch < devices:
         raise SpecError("workload.global_batch", f"must be at least devices ({devices}) so every device gets a sample")
-    return JobSpec(name=name.strip(), devices=devices, flavors=tuple(dict.fromkeys(flavors_raw)), workload=workload)
+    priority = _int(raw, "priority", "priority", 0, -MAX_PRIORITY, MAX_PRIORITY)
+    return JobSpec(
+        name=name.strip(),
+        devices=devices,
+        flavors=tuple(dict.fromkeys(flavors_raw)),
+        workload=workload,
+        priority=priority,
+    )

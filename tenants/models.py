@@ -14,6 +14,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from tenants.scoping import TenantScopedManager
+
 NAU_RESOURCE = "nau"
 
 
@@ -55,6 +57,9 @@ class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
 
+    objects = models.Manager()
+    scoped = TenantScopedManager()  # request code: .for_tenant(id)
+
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "user"], name="membership_unique_user")]
 
@@ -73,6 +78,9 @@ class Quota(models.Model):
     # None: lend all unused nominal to the cohort.
     lending_limit = models.DecimalField(max_digits=12, decimal_places=3, null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = models.Manager()
+    scoped = TenantScopedManager()  # request code: .for_tenant(id)
 
     class Meta:
         constraints = [
@@ -117,6 +125,9 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     # What the token may do, further limited by its user's role: read, submit, manage.
     scopes = models.JSONField(default=default_scopes)
+
+    objects = models.Manager()
+    scoped = TenantScopedManager()  # request code: .for_tenant(id)
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"

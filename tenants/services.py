@@ -1,22 +1,78 @@
-"""Use cases of the tenants app."""
+"""Use cases of the tenants app.
+
+Writes run in one transaction each and either complete or change nothing; a refusal raises
+``InvalidInput`` (the request is wrong: 400) or ``Conflict`` (it clashes with what exists: 409),
+both naming the field to fix. Reads return the frozen dataclasses of ``tenants.contracts``.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any, Final
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import transaction
-from django.db.models import F
+from django.db import IntegrityError, transaction
+from django.db.models import F, OuterRef, Prefetch, Subquery
 from django.utils import timezone
 
-from tenants.contracts import IssuedToken, TenantRef
-from tenants.models import ApiToken, Membership, Role, Tenant
+from runtime.errors import FieldError
+from tenants import quota_rules
+from tenants.contracts import (
+    CohortView,
+    IssuedToken,
+    MemberRef,
+    NewToken,
+    QuotaLimits,
+    QuotaView,
+    TenantQuotaView,
+    TenantRef,
+    TenantView,
+    TokenView,
+)
+from tenants.models import ApiToken, Cohort, Membership, Quota, Role, Scope, Tenant
+from tenants.quota_rules import QuotaSpec, amount_text
 
 TOKEN_PREFIX = "pc_"
 LAST_USE_RESOLUTION = timedelta(minutes=1)
+
+# What each role may do, and so the most a token of a member in that role may be given.
+ROLE_SCOPES: Final[dict[str, frozenset[str]]] = {
+    Role.VIEWER.value: frozenset({Scope.READ.value}),
+    Role.MEMBER.value: frozenset({Scope.READ.value, Scope.SUBMIT.value}),
+    Role.ADMIN.value: frozenset({Scope.READ.value, Scope.SUBMIT.value, Scope.MANAGE.value}),
+    Role.OWNER.value: frozenset({Scope.READ.value, Scope.SUBMIT.value, Scope.MANAGE.value}),
+}
+SCOPE_ORDER: Final = tuple(s.value for s in Scope)
+
+
+class Refused(FieldError):
+    code = "invalid"
+
+
+class InvalidInput(Refused):
+    """The request itself is wrong (HTTP 400)."""
+
+    def __init__(self, field: str, message: str, code: str = "invalid") -> None:
+        super().__init__(field, message)
+        self.code = code
+
+
+class Conflict(Refused):
+    """The request clashes with what exists (HTTP 409)."""
+
+    def __init__(self, field: str, message: str, code: str = "conflict") -> None:
+        super().__init__(field, message)
+        self.code = code
+
+
+class NotFound(LookupError):
+    """No such object, or not one the caller may see: the two answer alike."""
 
 
 def _ref(tenant: Tenant) -> TenantRef:
@@ -25,6 +81,47 @@ def _ref(tenant: Tenant) -> TenantRef:
 
 def digest_token(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def role_scopes(role: str | None) -> frozenset[str]:
+    return ROLE_SCOPES.get(role or "", frozenset())
+
+
+def sorted_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
+    given = set(scopes)
+    return tuple(s for s in SCOPE_ORDER if s in given)
+
+
+# --- flavors: filled by the jobs app at startup ------------------------------------------------
+
+_flavor_sources: list[Callable[[], Iterable[str]]] = []
+
+
+def register_flavor_source(fn: Callable[[], Iterable[str]]) -> Callable[[], Iterable[str]]:
+    """Add a function that names the accelerator flavors that quotas may be set for.
+
+    The tenants app may not import ``jobs``, which owns the pool; jobs registers its
+    ``known_flavors`` here from ``JobsConfig.ready()``. Registering the same function twice is a
+    no-op. Returns ``fn``, so it can be used as a decorator.
+    """
+    if fn not in _flavor_sources:
+        _flavor_sources.append(fn)
+    return fn
+
+
+def unregister_flavor_source(fn: Callable[[], Iterable[str]]) -> None:
+    if fn in _flavor_sources:
+        _flavor_sources.remove(fn)
+
+
+def known_flavors() -> set[str]:
+    names: set[str] = set()
+    for source in _flavor_sources:
+        names.update(source())
+    return names
+
+
+# --- users, memberships, tokens ----------------------------------------------------------------
 
 
 @transaction.atomic
@@ -40,17 +137,9 @@ def ensure_tenant_with_user(*, slug: str, name: str, username: str, password: st
     return _ref(tenant)
 
 
-@transaction.atomic
-def issue_token(
-    *, tenant_id: int, username: str, name: str, expires_at: datetime | None = None, replace: bool = False
-) -> IssuedToken:
-    """Issue a token; with ``replace``, the user's earlier live tokens of the same name are revoked."""
-    tenant = Tenant.objects.get(pk=tenant_id)
-    user = get_user_model().objects.get(username=username, memberships__tenant=tenant)
-    if replace:
-        ApiToken.objects.filter(tenant=tenant, user=user, name=name, revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
-        )
+def _mint(
+    *, tenant: Tenant, user: Any, name: str, scopes: Sequence[str], expires_at: datetime | None
+) -> tuple[ApiToken, str]:
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
         tenant=tenant,
@@ -59,7 +148,30 @@ def issue_token(
         prefix=secret[: len(TOKEN_PREFIX) + 6],
         digest=digest_token(secret),
         expires_at=expires_at,
+        scopes=list(sorted_scopes(scopes)),
     )
+    return token, secret
+
+
+@transaction.atomic
+def issue_token(
+    *,
+    tenant_id: int,
+    username: str,
+    name: str,
+    expires_at: datetime | None = None,
+    replace: bool = False,
+    scopes: Sequence[str] = (Scope.READ.value, Scope.SUBMIT.value),
+) -> IssuedToken:
+    """Issue a token (system use: the demo, the CLI, tests); with ``replace``, the user's earlier
+    live tokens of the same name are revoked. The role still limits what the token can do."""
+    tenant = Tenant.objects.get(pk=tenant_id)
+    user = get_user_model().objects.get(username=username, memberships__tenant=tenant)
+    if replace:
+        ApiToken.objects.filter(tenant=tenant, user=user, name=name, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+    token, secret = _mint(tenant=tenant, user=user, name=name, scopes=scopes, expires_at=expires_at)
     return IssuedToken(id=token.pk, tenant=_ref(tenant), name=name, secret=secret)
 
 
@@ -67,11 +179,13 @@ def authenticate_token(secret: str) -> ApiToken | None:
     """The live token for a secret, with its last use recorded; None when unknown, expired or revoked.
 
     A token acts for its user in its tenant, so it stops working when the user is deactivated or
-    leaves the tenant.
+    leaves the tenant. The token comes with ``member_role``: its user's role in its tenant.
     """
     now = timezone.now()
+    role = Membership.objects.filter(tenant_id=OuterRef("tenant_id"), user_id=OuterRef("user_id")).values("role")[:1]
     token = (
         ApiToken.objects.select_related("tenant", "user")
+        .annotate(member_role=Subquery(role))
         .filter(
             digest=digest_token(secret),
             revoked_at__isnull=True,
@@ -88,9 +202,482 @@ def authenticate_token(secret: str) -> ApiToken | None:
     return token
 
 
-def tenant_for_user(user: AbstractBaseUser | AnonymousUser) -> TenantRef | None:
-    """The tenant a signed-in user acts for (their first membership)."""
+def membership_for_user(user: AbstractBaseUser | AnonymousUser) -> MemberRef | None:
+    """The tenant a signed-in user acts for (their first membership) and their role there."""
     if not user.is_authenticated:
         return None
     membership = Membership.objects.select_related("tenant").filter(user_id=user.pk).order_by("pk").first()
-    return _ref(membership.tenant) if membership else None
+    return MemberRef(tenant=_ref(membership.tenant), role=membership.role) if membership else None
+
+
+def tenant_for_user(user: AbstractBaseUser | AnonymousUser) -> TenantRef | None:
+    """The tenant a signed-in user acts for (their first membership)."""
+    member = membership_for_user(user)
+    return member.tenant if member else None
+
+
+def role_in_tenant(*, user_id: int, tenant_id: int) -> str | None:
+    return Membership.scoped.for_tenant(tenant_id).filter(user_id=user_id).values_list("role", flat=True).first()
+
+
+def _token_view(token: ApiToken) -> TokenView:
+    return TokenView(
+        id=token.pk,
+        name=token.name,
+        prefix=token.prefix,
+        scopes=sorted_scopes(token.scopes if isinstance(token.scopes, list) else ()),
+        user=token.user.get_username(),
+        created_at=token.created_at,
+        expires_at=token.expires_at,
+        revoked_at=token.revoked_at,
+        last_used_at=token.last_used_at,
+    )
+
+
+def list_tokens(*, tenant_id: int) -> list[TokenView]:
+    tokens = ApiToken.scoped.for_tenant(tenant_id).select_related("user").order_by("-created_at", "-pk")
+    return [_token_view(t) for t in tokens]
+
+
+@transaction.atomic
+def create_token(
+    *,
+    tenant_id: int,
+    user_id: int,
+    name: str,
+    scopes: Sequence[str],
+    expires_at: datetime | None = None,
+    within: Collection[str] | None = None,
+) -> NewToken:
+    """Issue a token for a member of the tenant. It may be given only scopes that the member's
+    role grants and, when the request came with a token, that this token holds (``within``):
+    a token never mints a stronger one."""
+    members = Membership.scoped.for_tenant(tenant_id).select_related("tenant", "user")
+    membership = members.filter(user_id=user_id).first()
+    if membership is None:
+        raise InvalidInput("user", "you are not a member of this tenant")
+    grantable = role_scopes(membership.role)
+    if within is not None:
+        grantable = grantable & frozenset(within)
+    beyond = [s for s in sorted_scopes(scopes) if s not in grantable]
+    if beyond:
+        raise InvalidInput(
+            "scopes",
+            f"cannot grant {', '.join(repr(s) for s in beyond)}: you may grant only "
+            f"{', '.join(repr(s) for s in sorted_scopes(grantable)) or 'nothing'} (role {membership.role!r})",
+            code="scope_not_grantable",
+        )
+    if expires_at is not None and expires_at <= timezone.now():
+        raise InvalidInput("expires_at", "must be in the future")
+    token, secret = _mint(
+        tenant=membership.tenant, user=membership.user, name=name, scopes=scopes, expires_at=expires_at
+    )
+    return NewToken(token=_token_view(token), secret=secret)
+
+
+@transaction.atomic
+def revoke_token(*, tenant_id: int, token_id: int) -> TokenView:
+    """Revoke one of the tenant's tokens; revoking a revoked token keeps its first revocation time."""
+    token = ApiToken.scoped.for_tenant(tenant_id).select_for_update().filter(pk=token_id).first()
+    if token is None:
+        raise NotFound(f"no token {token_id}")
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+    return _token_view(ApiToken.objects.select_related("user").get(pk=token.pk))
+
+
+# --- cohorts -----------------------------------------------------------------------------------
+
+
+def _cohort_view(cohort: Cohort) -> CohortView:
+    return CohortView(
+        id=cohort.pk,
+        name=cohort.name,
+        description=cohort.description,
+        created_at=cohort.created_at,
+        tenants=tuple(sorted(t.slug for t in cohort.tenants.all())),
+    )
+
+
+def _cohorts() -> Any:
+    return Cohort.objects.prefetch_related(Prefetch("tenants", queryset=Tenant.objects.only("slug", "cohort_id")))
+
+
+def list_cohorts() -> list[CohortView]:
+    return [_cohort_view(c) for c in _cohorts().order_by("name")]
+
+
+def get_cohort(cohort_id: int) -> CohortView:
+    cohort = _cohorts().filter(pk=cohort_id).first()
+    if cohort is None:
+        raise NotFound(f"no cohort {cohort_id}")
+    return _cohort_view(cohort)
+
+
+def _name_taken(name: str, exclude: int | None = None) -> bool:
+    taken = Cohort.objects.filter(name=name)
+    return (taken.exclude(pk=exclude) if exclude is not None else taken).exists()
+
+
+@transaction.atomic
+def create_cohort(*, name: str, description: str = "") -> CohortView:
+    if _name_taken(name):
+        raise Conflict("name", f"a cohort named {name!r} exists; pick another name")
+    try:
+        with transaction.atomic():
+            cohort = Cohort.objects.create(name=name, description=description)
+    except IntegrityError:  # created by a concurrent request after the check
+        raise Conflict("name", f"a cohort named {name!r} exists; pick another name") from None
+    return get_cohort(cohort.pk)
+
+
+@transaction.atomic
+def update_cohort(cohort_id: int, *, name: str | None = None, description: str | None = None) -> CohortView:
+    cohort = Cohort.objects.select_for_update().filter(pk=cohort_id).first()
+    if cohort is None:
+        raise NotFound(f"no cohort {cohort_id}")
+    if name is not None and name != cohort.name:
+        if _name_taken(name, exclude=cohort.pk):
+            raise Conflict("name", f"a cohort named {name!r} exists; pick another name")
+        cohort.name = name
+    if description is not None:
+        cohort.description = description
+    try:
+        with transaction.atomic():
+            cohort.save(update_fields=["name", "description"])
+    except IntegrityError:
+        raise Conflict("name", f"a cohort named {name!r} exists; pick another name") from None
+    return get_cohort(cohort.pk)
+
+
+@transaction.atomic
+def delete_cohort(cohort_id: int) -> None:
+    """Delete an empty cohort; one with tenants in it is refused (move them out first)."""
+    cohort = Cohort.objects.select_for_update().filter(pk=cohort_id).first()
+    if cohort is None:
+        raise NotFound(f"no cohort {cohort_id}")
+    members = list(Tenant.objects.filter(cohort=cohort).order_by("slug").values_list("slug", flat=True))
+    if members:
+        raise Conflict(
+            "tenants",
+            f"cohort {cohort.name!r} still has tenants ({', '.join(members)}); move them to another cohort "
+            "or none first",
+            code="cohort_not_empty",
+        )
+    cohort.delete()
+
+
+# --- tenants -----------------------------------------------------------------------------------
+
+
+def _quota_view(quota: Quota) -> QuotaView:
+    return QuotaView(
+        resource=quota.resource,
+        nominal=quota.nominal,
+        borrowing_limit=quota.borrowing_limit,
+        lending_limit=quota.lending_limit,
+        updated_at=quota.updated_at,
+    )
+
+
+def _tenant_view(tenant: Tenant) -> TenantView:
+    return TenantView(
+        id=tenant.pk,
+        slug=tenant.slug,
+        name=tenant.name,
+        cohort=tenant.cohort.name if tenant.cohort else None,
+        cohort_id=tenant.cohort_id,
+        fair_share_weight=tenant.fair_share_weight,
+        created_at=tenant.created_at,
+        quotas=tuple(_quota_view(q) for q in sorted(tenant.quotas.all(), key=lambda q: q.resource)),
+    )
+
+
+def _tenants() -> Any:
+    return Tenant.objects.select_related("cohort").prefetch_related("quotas")
+
+
+def list_tenants() -> list[TenantView]:
+    return [_tenant_view(t) for t in _tenants().order_by("slug")]
+
+
+def get_tenant(tenant_id: int) -> TenantView:
+    tenant = _tenants().filter(pk=tenant_id).first()
+    if tenant is None:
+        raise NotFound(f"no tenant {tenant_id}")
+    return _tenant_view(tenant)
+
+
+def _find_cohort(ref: int | str, field: str = "cohort") -> Cohort:
+    cohort = Cohort.objects.filter(pk=ref).first() if isinstance(ref, int) else Cohort.objects.filter(name=ref).first()
+    if cohort is None:
+        raise InvalidInput(field, f"no cohort {ref!r}; create it first (POST /api/v1/operator/cohorts)")
+    return cohort
+
+
+@transaction.atomic
+def create_tenant(
+    *, slug: str, name: str, cohort: int | str | None = None, fair_share_weight: Decimal = Decimal(1)
+) -> TenantView:
+    """A new tenant, without members or quotas (it may join a cohort at once: it lends nothing yet)."""
+    if Tenant.objects.filter(slug=slug).exists():
+        raise Conflict("slug", f"a tenant with slug {slug!r} exists; pick another")
+    cohort_obj = _find_cohort(cohort) if cohort is not None else None
+    try:
+        with transaction.atomic():
+            tenant = Tenant.objects.create(slug=slug, name=name, cohort=cohort_obj, fair_share_weight=fair_share_weight)
+    except IntegrityError:
+        raise Conflict("slug", f"a tenant with slug {slug!r} exists; pick another") from None
+    return get_tenant(tenant.pk)
+
+
+class _Unchanged:
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED: Final = _Unchanged()
+
+
+@transaction.atomic
+def update_tenant(
+    tenant_id: int,
+    *,
+    name: str | _Unchanged = UNCHANGED,
+    cohort: int | str | _Unchanged | None = UNCHANGED,
+    fair_share_weight: Decimal | _Unchanged = UNCHANGED,
+) -> TenantView:
+    """Rename, reweigh or move a tenant to another cohort (or none).
+
+    Moving is refused when the tenant would borrow more than its new cohort lends (400), or when a
+    member it leaves behind would then borrow more than the rest lend (409).
+    """
+    tenant = _lock_tenant(tenant_id)
+    fields: list[str] = []
+    if not isinstance(name, _Unchanged):
+        tenant.name = name
+        fields.append("name")
+    if not isinstance(fair_share_weight, _Unchanged):
+        tenant.fair_share_weight = fair_share_weight
+        fields.append("fair_share_weight")
+    if not isinstance(cohort, _Unchanged):
+        new_cohort = _find_cohort(cohort) if cohort is not None else None
+        new_id = new_cohort.pk if new_cohort else None
+        if new_id != tenant.cohort_id:
+            own = _specs(Quota.objects.filter(tenant=tenant))
+            _enforce_cohorts(
+                tenant=tenant, new_cohort_id=new_id, new_quotas=own, field_for=lambda resource, attr: "cohort"
+            )
+            tenant.cohort = new_cohort
+            fields.append("cohort")
+    if fields:
+        tenant.save(update_fields=fields)
+    return get_tenant(tenant.pk)
+
+
+# --- quotas ------------------------------------------------------------------------------------
+
+
+def _lock_tenant(tenant_id: int) -> Tenant:
+    tenant = Tenant.objects.select_for_update().filter(pk=tenant_id).first()
+    if tenant is None:
+        raise NotFound(f"no tenant {tenant_id}")
+    return tenant
+
+
+def _specs(quotas: Iterable[Quota]) -> dict[str, QuotaSpec]:
+    return {
+        q.resource: QuotaSpec(
+            resource=q.resource, nominal=q.nominal, borrowing_limit=q.borrowing_limit, lending_limit=q.lending_limit
+        )
+        for q in quotas
+    }
+
+
+def list_quotas(tenant_id: int) -> list[QuotaView]:
+    if not Tenant.objects.filter(pk=tenant_id).exists():
+        raise NotFound(f"no tenant {tenant_id}")
+    return [_quota_view(q) for q in Quota.scoped.for_tenant(tenant_id).order_by("resource")]
+
+
+def _check_each(specs: Sequence[QuotaSpec], prefix: Callable[[int], str]) -> None:
+    flavors = known_flavors()
+    for index, spec in enumerate(specs):
+        try:
+            quota_rules.check_quota(spec, flavors)
+        except quota_rules.QuotaRuleError as exc:
+            raise InvalidInput(prefix(index) + exc.field, exc.message, code="invalid_quota") from None
+
+
+def _enforce_cohorts(
+    *,
+    tenant: Tenant,
+    new_cohort_id: int | None,
+    new_quotas: dict[str, QuotaSpec],
+    field_for: Callable[[str, str], str],
+) -> None:
+    """Refuse a change of ``tenant``'s quotas or cohort that would let someone borrow more than
+    their cohort can lend. Locks the cohorts involved (by id, after the tenant) so that changes
+    to members of one cohort are checked one after another."""
+    cohort_ids = sorted({c for c in (tenant.cohort_id, new_cohort_id) if c is not None})
+    cohorts = {c.pk: c for c in Cohort.objects.select_for_update().filter(pk__in=cohort_ids).order_by("pk")}
+    if new_cohort_id is None:
+        resource = quota_rules.uncohorted_borrowing(new_quotas)
+        if resource is not None:
+            raise InvalidInput(
+                field_for(resource, "borrowing_limit"),
+                f"{tenant.slug} is in no cohort, so there is nothing to borrow: set the borrowing limit of "
+                f"{resource} to 0 or null, or put the tenant in a cohort first",
+                code="invalid_quota",
+            )
+    members: dict[int, dict[int, dict[str, QuotaSpec]]] = defaultdict(lambda: defaultdict(dict))
+    others = Quota.objects.filter(tenant__cohort_id__in=cohort_ids)
+    if tenant.pk is not None:
+        others = others.exclude(tenant_id=tenant.pk)
+    for quota in others.select_related("tenant"):
+        members[quota.tenant.cohort_id or 0][quota.tenant_id][quota.resource] = _specs([quota])[quota.resource]
+    if new_cohort_id is not None:
+        members[new_cohort_id][tenant.pk] = dict(new_quotas)
+    slugs = dict(Tenant.objects.filter(cohort_id__in=cohort_ids).values_list("pk", "slug"))
+    for cohort_id in cohort_ids:
+        cohort_name = cohorts[cohort_id].name
+        for excess in quota_rules.borrowing_excesses(members.get(cohort_id, {})):
+            available = amount_text(excess.available)
+            if excess.tenant_id == tenant.pk:
+                raise InvalidInput(
+                    field_for(excess.resource, "borrowing_limit"),
+                    f"cohort {cohort_name!r} can lend {tenant.slug} at most {available} of {excess.resource} "
+                    f"(what its other members may lend), not {amount_text(excess.borrowing_limit)}",
+                    code="invalid_quota",
+                )
+            mine = new_quotas.get(excess.resource)
+            attr = "lending_limit" if mine is not None and mine.lending_limit is not None else "nominal"
+            raise Conflict(
+                field_for(excess.resource, attr),
+                f"{slugs.get(excess.tenant_id, excess.tenant_id)} may borrow up to "
+                f"{amount_text(excess.borrowing_limit)} of {excess.resource} from cohort {cohort_name!r}, which "
+                f"would then lend only {available}; lower its borrowing limit first",
+                code="cohort_would_overcommit",
+            )
+
+
+def _replace_quotas(tenant: Tenant, specs: Iterable[QuotaSpec]) -> None:
+    Quota.objects.filter(tenant=tenant).delete()
+    Quota.objects.bulk_create(
+        Quota(
+            tenant=tenant,
+            resource=s.resource,
+            nominal=s.nominal,
+            borrowing_limit=s.borrowing_limit,
+            lending_limit=s.lending_limit,
+        )
+        for s in specs
+    )
+
+
+@transaction.atomic
+def set_quotas(tenant_id: int, specs: Sequence[QuotaSpec]) -> list[QuotaView]:
+    """Replace the tenant's whole quota set; fields in refusals read ``quotas[i].<field>``."""
+    tenant = _lock_tenant(tenant_id)
+
+    def prefix(index: int) -> str:
+        return f"quotas[{index}]."
+
+    _check_each(specs, prefix)
+    duplicate = quota_rules.duplicate_resource(specs)
+    if duplicate is not None:
+        raise InvalidInput(
+            f"quotas[{duplicate}].resource",
+            f"{specs[duplicate].resource} appears twice; give each resource once",
+            code="invalid_quota",
+        )
+    index_of = {s.resource: i for i, s in enumerate(specs)}
+
+    def field_for(resource: str, attr: str) -> str:
+        return f"quotas[{index_of[resource]}].{attr}" if resource in index_of else "quotas"
+
+    _enforce_cohorts(
+        tenant=tenant, new_cohort_id=tenant.cohort_id, new_quotas={s.resource: s for s in specs}, field_for=field_for
+    )
+    _replace_quotas(tenant, specs)
+    return list_quotas(tenant.pk)
+
+
+@transaction.atomic
+def set_quota(tenant_id: int, spec: QuotaSpec) -> QuotaView:
+    """Create or replace one of the tenant's quotas; fields in refusals are the quota's own."""
+    tenant = _lock_tenant(tenant_id)
+    _check_each([spec], lambda index: "")
+    quotas = _specs(Quota.objects.filter(tenant=tenant))
+    quotas[spec.resource] = spec
+    _enforce_cohorts(
+        tenant=tenant,
+        new_cohort_id=tenant.cohort_id,
+        new_quotas=quotas,
+        field_for=lambda resource, attr: attr if resource == spec.resource else "resource",
+    )
+    Quota.objects.update_or_create(
+        tenant=tenant,
+        resource=spec.resource,
+        defaults={
+            "nominal": spec.nominal,
+            "borrowing_limit": spec.borrowing_limit,
+            "lending_limit": spec.lending_limit,
+        },
+    )
+    return _quota_view(Quota.objects.get(tenant=tenant, resource=spec.resource))
+
+
+@transaction.atomic
+def delete_quota(tenant_id: int, resource: str) -> None:
+    """Remove one quota (the tenant then gets none of that resource); refused with 409 while a
+    cohort member borrows what this quota lends."""
+    tenant = _lock_tenant(tenant_id)
+    quotas = _specs(Quota.objects.filter(tenant=tenant))
+    if resource not in quotas:
+        raise NotFound(f"{tenant.slug} has no quota for {resource!r}")
+    del quotas[resource]
+    _enforce_cohorts(
+        tenant=tenant, new_cohort_id=tenant.cohort_id, new_quotas=quotas, field_for=lambda r, attr: "resource"
+    )
+    Quota.objects.filter(tenant=tenant, resource=resource).delete()
+
+
+def check_quotas_for_form(*, tenant: Tenant, quotas: Sequence[QuotaSpec]) -> None:
+    """The rules that the API enforces, for the admin's forms: ``tenant`` carries the edited
+    fields (its cohort may have changed, it may be unsaved) and ``quotas`` its whole new set.
+    Raises Refused; locks like the API's writes, so call it inside the form's transaction."""
+    _check_each(quotas, lambda index: f"{quotas[index].resource}: ")
+    duplicate = quota_rules.duplicate_resource(quotas)
+    if duplicate is not None:
+        raise InvalidInput("resource", f"{quotas[duplicate].resource} appears twice; give each resource once")
+    before = Tenant.objects.filter(pk=tenant.pk).values_list("cohort_id", flat=True).first() if tenant.pk else None
+    as_stored = Tenant(pk=tenant.pk, slug=tenant.slug, cohort_id=before)
+    _enforce_cohorts(
+        tenant=as_stored,
+        new_cohort_id=tenant.cohort_id,
+        new_quotas={q.resource: q for q in quotas},
+        field_for=lambda resource, attr: f"{resource}: {attr}",
+    )
+
+
+# --- for the admission loop --------------------------------------------------------------------
+
+
+def quotas_for_admission() -> list[TenantQuotaView]:
+    """Every tenant, with its cohort, weight and quotas, in two queries (tenants, then quotas)."""
+    tenants = Tenant.objects.select_related("cohort").prefetch_related("quotas").order_by("pk")
+    return [
+        TenantQuotaView(
+            id=t.pk,
+            slug=t.slug,
+            cohort=t.cohort.name if t.cohort else None,
+            weight=t.fair_share_weight,
+            quotas={
+                q.resource: QuotaLimits(q.nominal, q.borrowing_limit, q.lending_limit)
+                for q in sorted(t.quotas.all(), key=lambda q: q.resource)
+            },
+        )
+        for t in tenants
+    ]

@@ -16,11 +16,18 @@ class TenantFixture:
     token: str
 
 
-def make_tenant(slug: str) -> TenantFixture:
+# Ample: the pool, not the quota, limits the fixture tenants (quota tests set their own).
+FIXTURE_NAU_QUOTA = 1000
+
+
+def make_tenant(slug: str, *, nau_quota: int | None = FIXTURE_NAU_QUOTA) -> TenantFixture:
     from tenants import services
+    from tenants.models import NAU_RESOURCE, Quota
 
     password = f"{slug}-password-1"
     ref = services.ensure_tenant_with_user(slug=slug, name=slug.title(), username=f"{slug}-user", password=password)
+    if nau_quota is not None:
+        Quota.objects.update_or_create(tenant_id=ref.id, resource=NAU_RESOURCE, defaults={"nominal": nau_quota})
     token = services.issue_token(tenant_id=ref.id, username=f"{slug}-user", name="tests")
     return TenantFixture(id=ref.id, slug=slug, username=f"{slug}-user", password=password, token=token.secret)
 

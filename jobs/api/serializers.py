@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.contracts import EventView, FlavorPoolView, JobView
+from jobs.contracts import EventView, FlavorPoolView, JobView, QueuedJobView, QuotaUsageView
+from runtime.scheduling.model import MILLI, NAU
 
 
 def _time(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+def _quota_charge(job: JobView) -> dict[str, Any] | None:
+    """What the job holds against its tenant's quota: devices per flavor and NAU."""
+    if not job.demand:
+        return None
+    devices = {resource: amount for resource, amount in job.demand.items() if resource != NAU}
+    return {"devices": devices, "nau": round(job.demand.get(NAU, 0) / MILLI, 3), "borrowing": job.borrowing}
 
 
 def job_json(job: JobView) -> dict[str, Any]:
@@ -16,7 +25,12 @@ def job_json(job: JobView) -> dict[str, Any]:
         "id": job.id,
         "name": job.name,
         "state": job.state,
+        "priority": job.priority,
         "pending_reason": job.pending_reason,
+        "queue_position": job.queue_position,
+        "quota": _quota_charge(job),
+        "attempt": job.attempt,
+        "preemptions": job.preemptions,
         "failure_reason": job.failure_reason,
         "spec": job.spec,
         "created_at": _time(job.created_at),
@@ -69,4 +83,29 @@ def flavor_pool_json(row: FlavorPoolView) -> dict[str, Any]:
         "memory_gib": row.memory_gib,
         "interconnect": row.interconnect,
         "devices": {"total": row.devices, "healthy": row.healthy, "allocated": row.allocated},
+    }
+
+
+def quota_json(row: QuotaUsageView) -> dict[str, Any]:
+    return {
+        "resource": row.resource,
+        "unit": row.unit,
+        "nominal": row.nominal,
+        "borrowing_limit": row.borrowing_limit,
+        "lending_limit": row.lending_limit,
+        "in_use": row.in_use,
+        "borrowed": row.borrowed,
+        "cohort": row.cohort,
+        "cohort_can_lend": row.cohort_can_lend,
+    }
+
+
+def queued_job_json(row: QueuedJobView) -> dict[str, Any]:
+    return {
+        "job": row.id,
+        "name": row.name,
+        "priority": row.priority,
+        "position": row.position,
+        "reason": row.reason,
+        "submitted_at": _time(row.submitted_at),
     }

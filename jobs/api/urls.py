@@ -9,5 +9,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/events", views.JobEventsView.as_view(), name="api-job-events"),
     path("jobs/<int:job_id>/usage", views.JobUsageView.as_view(), name="api-job-usage"),
     path("pool", views.PoolView.as_view(), name="api-pool"),
+    path("quotas", views.QuotaView.as_view(), name="api-quotas"),
+    path("queue", views.QueueView.as_view(), name="api-queue"),
     path("ingest/jobs/<int:job_id>/telemetry", views.TelemetryIngestView.as_view(), name="api-ingest-telemetry"),
 ]

@@ -15,10 +15,11 @@ from rest_framework.views import APIView
 from billing import services as billing
 from controlplane.errors import error_response
 from jobs import services
-from jobs.api.serializers import event_json, flavor_pool_json, job_json
+from jobs.api.serializers import event_json, flavor_pool_json, job_json, queued_job_json, quota_json
 from jobs.telemetry import InvalidTelemetry, parse_events
 from runtime.jobspec import SpecError, parse_job_spec
 from tenants.api.access import request_tenant_id
+from tenants.permissions import RequireScope
 
 
 def _job_or_404(tenant_id: int, job_id: int) -> Any:
@@ -30,6 +31,8 @@ def _job_or_404(tenant_id: int, job_id: int) -> Any:
 
 
 class JobListView(APIView):
+    permission_classes = [RequireScope]
+
     def get(self, request: Request) -> Response:
         tenant_id = request_tenant_id(request)
         return Response({"jobs": [job_json(j) for j in services.list_jobs(tenant_id=tenant_id)]})
@@ -46,11 +49,15 @@ class JobListView(APIView):
 
 
 class JobDetailView(APIView):
+    permission_classes = [RequireScope]
+
     def get(self, request: Request, job_id: int) -> Response:
         return Response(job_json(_job_or_404(request_tenant_id(request), job_id)))
 
 
 class JobCancelView(APIView):
+    permission_classes = [RequireScope]
+
     def post(self, request: Request, job_id: int) -> Response:
         tenant_id = request_tenant_id(request)
         try:
@@ -63,6 +70,8 @@ class JobCancelView(APIView):
 
 
 class JobEventsView(APIView):
+    permission_classes = [RequireScope]
+
     def get(self, request: Request, job_id: int) -> Response:
         tenant_id = request_tenant_id(request)
         try:
@@ -73,6 +82,8 @@ class JobEventsView(APIView):
 
 
 class JobUsageView(APIView):
+    permission_classes = [RequireScope]
+
     def get(self, request: Request, job_id: int) -> Response:
         tenant_id = request_tenant_id(request)
         _job_or_404(tenant_id, job_id)
@@ -93,6 +104,8 @@ class JobUsageView(APIView):
 
 
 class PoolView(APIView):
+    permission_classes = [RequireScope]
+
     def get(self, request: Request) -> Response:
         request_tenant_id(request)
         return Response({"flavors": [flavor_pool_json(row) for row in services.pool_summary()]})
@@ -118,3 +131,23 @@ class TelemetryIngestView(APIView):
         except services.TelemetryRejected as exc:
             return error_response(status.HTTP_403_FORBIDDEN, "forbidden", str(exc))
         return Response({"applied": applied})
+
+
+class QuotaView(APIView):
+    """The tenant's quotas, what is in use against them, and what its cohort could lend now."""
+
+    permission_classes = [RequireScope]
+
+    def get(self, request: Request) -> Response:
+        rows = services.quota_usage(tenant_id=request_tenant_id(request))
+        return Response({"quotas": [quota_json(row) for row in rows]})
+
+
+class QueueView(APIView):
+    """The tenant's waiting jobs, in admission order, each with its place and reason."""
+
+    permission_classes = [RequireScope]
+
+    def get(self, request: Request) -> Response:
+        rows = services.queue(tenant_id=request_tenant_id(request))
+        return Response({"queue": [queued_job_json(row) for row in rows]})

@@ -7,6 +7,46 @@
 - ``scheduler``: one admission cycle (queue manager, fit, preemption, reasons).
 """
 
-from runtime.scheduling.placement import FreeDevice, GangRequest, Placement, Refusal, place_gang
+from runtime.scheduling.fairshare import UsageInterval, decayed_usage, dominant_share
+from runtime.scheduling.model import (
+    MILLI,
+    NAU,
+    Admission,
+    AdmittedJob,
+    CycleResult,
+    Limit,
+    PendingJob,
+    Preemption,
+    Snapshot,
+    TenantQuota,
+    Waiting,
+)
+from runtime.scheduling.placement import FreeDevice, FreePool, GangRequest, Placement, Refusal, place_gang
+from runtime.scheduling.quota import QuotaLedger, demand_for
+from runtime.scheduling.scheduler import schedule
 
-__all__ = ["FreeDevice", "GangRequest", "Placement", "Refusal", "place_gang"]
+__all__ = [
+    "MILLI",
+    "NAU",
+    "Admission",
+    "AdmittedJob",
+    "CycleResult",
+    "FreeDevice",
+    "FreePool",
+    "GangRequest",
+    "Limit",
+    "PendingJob",
+    "Placement",
+    "Preemption",
+    "QuotaLedger",
+    "Refusal",
+    "Snapshot",
+    "TenantQuota",
+    "UsageInterval",
+    "Waiting",
+    "decayed_usage",
+    "demand_for",
+    "dominant_share",
+    "place_gang",
+    "schedule",
+]

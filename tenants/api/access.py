@@ -5,16 +5,15 @@ from __future__ import annotations
 from rest_framework.exceptions import NotAuthenticated, PermissionDenied
 from rest_framework.request import Request
 
-from tenants import services
-from tenants.models import ApiToken
+from tenants.permissions import Access, request_access
+
+__all__ = ["Access", "request_access", "request_tenant_id"]
 
 
 def request_tenant_id(request: Request) -> int:
-    if isinstance(request.auth, ApiToken):
-        return request.auth.tenant_id
+    access = request_access(request)
+    if access.tenant_id is not None:
+        return access.tenant_id
     if request.user is None or not request.user.is_authenticated:
         raise NotAuthenticated("send 'Authorization: Bearer <token>' or sign in to the portal")
-    tenant = services.tenant_for_user(request.user)
-    if tenant is None:
-        raise PermissionDenied("your account belongs to no tenant; ask an operator to add you")
-    return tenant.id
+    raise PermissionDenied("your account belongs to no tenant; ask an operator to add you")

@@ -30,7 +30,9 @@ def test_duplicate_flavors_collapse_in_order():
         ({"workload": {"batch": 3}}, "workload.batch", "allowed here"),
         ({"workload": {"global_batch": 1}}, "workload.global_batch", "at least devices"),
         ({"workload": []}, "workload", "object"),
-        ({"priority": 9}, "priority", "unknown field"),
+        ({"tenant": 9}, "tenant", "unknown field"),
+        ({"priority": 5000}, "priority", "between -1000 and 1000"),
+        ({"priority": "high"}, "priority", "whole number"),
     ],
 )
 def test_each_mistake_names_its_field_and_the_fix(change, field, hint):

@@ -24,7 +24,9 @@
       tbody.prepend(row);
     }
     const pct = Math.round((job.progress.fraction || 0) * 100);
-    const reason = job.state === "failed" ? job.failure_reason : job.pending_reason;
+    let reason = job.state === "failed" ? job.failure_reason : job.pending_reason;
+    if (job.state === "queued" && job.queue_position) reason = `#${job.queue_position} in your queue · ${reason || "waiting"}`;
+    const charge = job.quota ? `<span class="chip nau" title="charged against your quota">${job.quota.nau.toFixed(2)} NAU${job.quota.borrowing ? " · borrowed" : ""}</span>` : "";
     const changed = row.dataset.state && row.dataset.state !== job.state;
     row.dataset.state = job.state;
     row.innerHTML = `
@@ -32,7 +34,7 @@
       <td>${escapeHtml(job.name)}</td>
       <td><span class="state ${job.state}" data-testid="state">${job.state}</span>
           ${reason ? `<div class="reason">${escapeHtml(reason)}</div>` : ""}</td>
-      <td><div class="chips">${deviceChips(job.devices)}</div></td>
+      <td><div class="chips">${deviceChips(job.devices)}${charge}</div></td>
       <td><span class="bar-outer"><span class="bar-inner" style="width:${pct}%"></span></span>
           <span class="num">${job.progress.steps_done}/${job.progress.total_steps}</span></td>
       <td class="num">${job.loss.first === null ? "–" : `${fmtLoss(job.loss.first)} → ${fmtLoss(job.loss.last)}`}</td>

@@ -1,0 +1,339 @@
+"""The admission loop's shell: load a capacity snapshot, let the pure scheduler decide, apply.
+
+Kueue's shape: the queue manager, the capacity snapshot and the decisions live in
+``runtime.scheduling`` as plain code; this module feeds them from the database and persists what
+they decided. A cycle runs under the admission lock (one row, ``AdmissionLock``), so every cycle
+sees the usage the previous one committed and a quota is never overshot however many submissions
+race. Applying is a claim per job (a conditional UPDATE); a claim that fails leaves the job where
+it was, and the next cycle decides again.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from jobs.models import AdmissionLock, Allocation, Device, DeviceHealth, Flavor, JobEvent, JobState, TrainingJob
+from runtime.scheduling import (
+    NAU,
+    Admission,
+    AdmittedJob,
+    FreeDevice,
+    Limit,
+    PendingJob,
+    Preemption,
+    Snapshot,
+    TenantQuota,
+    decayed_usage,
+    schedule,
+)
+from runtime.scheduling.model import MILLI
+from runtime.throughput import ThroughputMatrix, choose_reference
+from tenants import services as tenants
+
+log = logging.getLogger(__name__)
+
+HOLDING_STATES = (JobState.ADMITTED, JobState.RUNNING)
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    admitted: tuple[int, ...]
+    preempted: tuple[int, ...]
+    waiting: int
+    requeued: tuple[int, ...]  # decided, but the claim failed; the next cycle decides again
+    decide_s: float
+
+
+# --- the snapshot -----------------------------------------------------------------------------
+
+
+def throughput_matrix() -> ThroughputMatrix:
+    peaks = dict(Flavor.objects.values_list("name", "peak_bf16_tflops"))
+    if not peaks:
+        peaks = {settings.POLYCHIP_NAU_REFERENCE: 1.0}
+    return ThroughputMatrix(
+        reference_flavor=choose_reference(settings.POLYCHIP_NAU_REFERENCE, peaks), peak_tflops=peaks
+    )
+
+
+def _amount(resource: str, value: Decimal) -> int:
+    """A quota in the scheduler's integers: devices for a flavor, milli-NAU for NAU."""
+    return int(value * MILLI) if resource == NAU else int(value)
+
+
+def tenant_quotas() -> dict[int, TenantQuota]:
+    quotas: dict[int, TenantQuota] = {}
+    for view in tenants.quotas_for_admission():
+        limits = {
+            resource: Limit(
+                nominal=_amount(resource, q.nominal),
+                borrowing_limit=None if q.borrowing_limit is None else _amount(resource, q.borrowing_limit),
+                lending_limit=None if q.lending_limit is None else _amount(resource, q.lending_limit),
+            )
+            for resource, q in view.quotas.items()
+        }
+        quotas[view.id] = TenantQuota(tenant_id=view.id, cohort=view.cohort, limits=limits, weight=float(view.weight))
+    return quotas
+
+
+def _free_device(device: Device) -> FreeDevice:
+    return FreeDevice(device_id=device.device_id, node=device.node.name, flavor=device.flavor.name)
+
+
+def _charge(job_class: str, devices: Iterable[FreeDevice], rates: Mapping[tuple[str, str], int]) -> dict[str, int]:
+    demand: dict[str, int] = defaultdict(int)
+    for device in devices:
+        demand[device.flavor] += 1
+        demand[NAU] += rates.get((job_class, device.flavor), MILLI)
+    return dict(demand)
+
+
+def holding_jobs(rates: Mapping[tuple[str, str], int]) -> list[AdmittedJob]:
+    by_job: dict[int, list[FreeDevice]] = defaultdict(list)
+    open_allocations = (
+        Allocation.objects.filter(ended_at__isnull=True, job__state__in=HOLDING_STATES)
+        .select_related("device__node", "device__flavor")
+        .order_by("job_id", "rank")
+    )
+    for allocation in open_allocations:
+        by_job[allocation.job_id].append(_free_device(allocation.device))
+    jobs = TrainingJob.objects.filter(pk__in=by_job).only(
+        "pk", "tenant_id", "priority", "admitted_at", "demand", "borrowing", "job_class"
+    )
+    return [
+        AdmittedJob(
+            job_id=job.pk,
+            tenant_id=job.tenant_id,
+            priority=job.priority,
+            admitted_at=(job.admitted_at or timezone.now()).timestamp(),
+            devices=tuple(by_job[job.pk]),
+            # Jobs admitted before quotas existed carry no charge: price them as they stand.
+            demand=job.demand or _charge(job.job_class, by_job[job.pk], rates),
+            borrowing=job.borrowing,
+        )
+        for job in jobs
+    ]
+
+
+def _pending_jobs() -> list[PendingJob]:
+    rows = TrainingJob.objects.filter(state=JobState.QUEUED).values_list(
+        "pk", "tenant_id", "priority", "created_at", "spec", "job_class"
+    )
+    return [
+        PendingJob(
+            job_id=pk,
+            tenant_id=tenant_id,
+            priority=priority,
+            submitted_at=created_at.timestamp(),
+            devices=int(spec["devices"]),
+            flavors=tuple(spec["flavors"]),
+            job_class=job_class,
+        )
+        for pk, tenant_id, priority, created_at, spec, job_class in rows
+    ]
+
+
+def _free_devices() -> list[FreeDevice]:
+    held = Allocation.objects.filter(ended_at__isnull=True).values("device_id")
+    devices = (
+        Device.objects.filter(health=DeviceHealth.HEALTHY)
+        .exclude(pk__in=held)
+        .select_related("node", "flavor")
+        .order_by("device_id")
+    )
+    return [_free_device(d) for d in devices]
+
+
+def usage_history(now: datetime, rates: Mapping[tuple[str, str], int]) -> dict[int, dict[str, float]]:
+    """Each tenant's decayed usage per resource over the last few half-lives, as an average amount
+    in use: last week's burst weighs little, the last hour's a lot."""
+    half_life_s = settings.POLYCHIP_FAIR_SHARE_HALF_LIFE_H * 3600.0
+    horizon = now - timedelta(seconds=half_life_s * 6)
+    rows = Allocation.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=horizon)).values_list(
+        "job__tenant_id", "job__job_class", "device__flavor__name", "started_at", "ended_at"
+    )
+    intervals: dict[tuple[int, str], list[tuple[float, float | None, float]]] = defaultdict(list)
+    for tenant_id, job_class, flavor, started_at, ended_at in rows:
+        start = started_at.timestamp()
+        end = ended_at.timestamp() if ended_at else None
+        intervals[(tenant_id, flavor)].append((start, end, 1.0))
+        intervals[(tenant_id, NAU)].append((start, end, float(rates.get((job_class, flavor), MILLI))))
+    history: dict[int, dict[str, float]] = defaultdict(dict)
+    for (tenant_id, resource), spans in intervals.items():
+        history[tenant_id][resource] = decayed_usage(spans, now.timestamp(), half_life_s)
+    return dict(history)
+
+
+def load_snapshot(now: datetime) -> Snapshot:
+    matrix = throughput_matrix()
+    pending = _pending_jobs()
+    classes = {job.job_class for job in pending} | set(
+        TrainingJob.objects.filter(state__in=HOLDING_STATES).values_list("job_class", flat=True).distinct()
+    )
+    rates = matrix.rates(classes | {"synthetic-mlp"})
+    return Snapshot(
+        now=now.timestamp(),
+        tenants=tenant_quotas(),
+        pending=pending,
+        admitted=holding_jobs(rates),
+        free=_free_devices(),
+        nau_rates=rates,
+        history=usage_history(now, rates),
+    )
+
+
+# --- applying decisions -----------------------------------------------------------------------
+
+
+def _preempt(preemption: Preemption, now: datetime) -> bool:
+    """Give a job's devices back and put it in the queue again as its next attempt."""
+    from jobs import services, tasks
+
+    job = TrainingJob.objects.select_for_update().filter(pk=preemption.job_id).first()
+    if job is None or job.state not in HOLDING_STATES:
+        return False  # it ended meanwhile, and so gave its devices back already
+    teardowns = list(job.pending_teardowns)
+    if job.backend_handle and job.backend_handle not in teardowns:
+        teardowns.append(job.backend_handle)
+    won = TrainingJob.objects.filter(pk=job.pk, state=job.state, attempt=job.attempt).update(
+        state=JobState.QUEUED,
+        state_changed_at=now,
+        attempt=F("attempt") + 1,
+        preemptions=F("preemptions") + 1,
+        provision_claimed_at=None,
+        backend_handle=None,
+        pending_teardowns=teardowns,
+        admitted_at=None,
+        started_at=None,
+        demand={},
+        borrowing=False,
+        steps_done=0,
+        rank_stats={},
+        samples_per_s=None,
+        pending_reason="preempted; waiting to be admitted again",
+    )
+    if won != 1:
+        return False
+    services.end_allocations(job, now)
+    # No checkpoint yet: the local runtime cannot save one mid-run, so the next attempt starts from
+    # step 0. (Layered checkpoints are a later issue; this is where they will be taken.)
+    JobEvent.objects.create(
+        job=job,
+        tenant_id=job.tenant_id,
+        kind=JobEvent.Kind.TRANSITION,
+        from_state=job.state,
+        to_state=JobState.QUEUED,
+        message=f"{preemption.reason}; re-queued, restarting from step 0 (no checkpoint)",
+        data={"preempted_by": preemption.by_job_id, "attempt": job.attempt + 1, "checkpointed": False},
+    )
+    if teardowns:
+        transaction.on_commit(functools.partial(tasks.teardown_job.delay, job.pk), robust=True)
+    return True
+
+
+def _admit(admission: Admission, now: datetime) -> bool:
+    from jobs import services, tasks
+
+    try:
+        with transaction.atomic():  # a savepoint: a lost device race undoes only this job
+            flavors = list(dict.fromkeys(d.flavor for d in admission.devices))
+            nau = admission.demand.get(NAU, 0) / MILLI
+            claimed = services.claim_transition(
+                admission.job_id,
+                [JobState.QUEUED],
+                JobState.ADMITTED,
+                message=(
+                    f"admitted on {len(admission.devices)} devices: {', '.join(flavors)} ({nau:.3f} NAU"
+                    + (", borrowed from the cohort)" if admission.borrowing else ")")
+                ),
+                data={
+                    "devices": [d.device_id for d in admission.devices],
+                    "flavors": flavors,
+                    "demand": dict(admission.demand),
+                    "borrowing": admission.borrowing,
+                    "preempted": list(admission.preempts),
+                },
+                admitted_at=now,
+                pending_reason="",
+                queue_position=None,
+                demand=dict(admission.demand),
+                borrowing=admission.borrowing,
+            )
+            if claimed is None:
+                return False
+            devices = {
+                d.device_id: d for d in Device.objects.filter(device_id__in=[p.device_id for p in admission.devices])
+            }
+            Allocation.objects.bulk_create(
+                Allocation(job=claimed, device=devices[p.device_id], rank=rank, started_at=now)
+                for rank, p in enumerate(admission.devices)
+            )
+    except IntegrityError:
+        log.info("admission of job %s lost a device race; the next cycle decides again", admission.job_id)
+        return False
+    transaction.on_commit(functools.partial(tasks.provision_job.delay, admission.job_id), robust=True)
+    return True
+
+
+def _record_waiting(waiting: Iterable[tuple[int, str, int]]) -> int:
+    wanted = {job_id: (reason[:500], position) for job_id, reason, position in waiting}
+    current = TrainingJob.objects.filter(pk__in=wanted, state=JobState.QUEUED).only(
+        "pk", "pending_reason", "queue_position"
+    )
+    changed = []
+    for job in current:
+        reason, position = wanted[job.pk]
+        if job.pending_reason != reason or job.queue_position != position:
+            job.pending_reason, job.queue_position = reason, position
+            changed.append(job)
+    TrainingJob.objects.bulk_update(changed, ["pending_reason", "queue_position"], batch_size=500)
+    return len(wanted)
+
+
+def run_admission_cycle() -> CycleReport:
+    """One cycle: lock, snapshot, decide, apply. Safe to run from any number of workers at once."""
+    import time
+
+    with transaction.atomic():
+        # The UPDATE takes the lock row and holds it to the end of the transaction.
+        if not AdmissionLock.objects.filter(pk=1).update(last_cycle_at=timezone.now()):
+            AdmissionLock.objects.get_or_create(pk=1)  # a flushed test database lost the row
+            AdmissionLock.objects.filter(pk=1).update(last_cycle_at=timezone.now())
+        snapshot = load_snapshot(timezone.now())
+        # Allocations start after the snapshot was read: an allocation that a concurrent finish
+        # closed just before it must not appear to overlap its successor on the same device.
+        now = timezone.now()
+        started = time.perf_counter()
+        result = schedule(snapshot, blend=settings.POLYCHIP_FAIR_SHARE_BLEND)
+        decide_s = time.perf_counter() - started
+
+        preempted = [p.job_id for p in result.preemptions if _preempt(p, now)]
+        admitted: list[int] = []
+        requeued: list[int] = []
+        for admission in result.admissions:
+            victims_gone = all(
+                not Allocation.objects.filter(job_id=v, ended_at__isnull=True).exists() for v in admission.preempts
+            )
+            if victims_gone and _admit(admission, now):
+                admitted.append(admission.job_id)
+            else:
+                requeued.append(admission.job_id)
+        waiting = _record_waiting((w.job_id, w.reason, w.position) for w in result.waiting)
+    return CycleReport(
+        admitted=tuple(admitted),
+        preempted=tuple(preempted),
+        waiting=waiting,
+        requeued=tuple(requeued),
+        decide_s=decide_s,
+    )

@@ -1,0 +1,533 @@
+"""One admission cycle over a ``Snapshot``, shaped like Kueue's scheduler: pure, deterministic.
+
+- The queue manager keeps one queue per tenant, ordered by priority (high first), then submission time,
+  then job id.
+- The capacity snapshot is a ``FreePool`` (free devices by flavor and node) and a ``QuotaLedger``.
+- The decision loop takes, again and again, the tenant whose head job has the lowest dominant share (fair
+  sharing; a heap whose entries are re-keyed lazily: an entry is dropped when its tenant's usage or head has
+  changed since it was pushed). The head gets a flavor assignment if one fits both the free devices and the
+  quota; else, if preempting borrowed work makes room, it gets one with victims; else it waits, and its
+  tenant's next job is tried (best-effort FIFO). Each pending job is decided once per cycle.
+
+Checking a fit costs O(flavors + resources); devices are chosen only for admitted jobs.
+
+Preemption never touches a tenant's nominal share: only jobs admitted as ``borrowing``, from the snapshot
+(not from this cycle), whose tenant still uses more than its nominal quota, are candidates. *Reclaim*: when
+the head's tenant stays within its nominal quota, borrowing jobs of the other tenants of its cohort, at any
+priority. *Priority*: otherwise, borrowing jobs of the cohort (the head's tenant included) of strictly lower
+priority. Devices that victims free but the preempting job does not use are not handed to anyone else in the
+same cycle: they are busy until the victims stop, and the next cycle sees them free.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+from runtime.scheduling.fairshare import dominant_share
+from runtime.scheduling.model import (
+    MILLI,
+    NAU,
+    Admission,
+    AdmittedJob,
+    CycleResult,
+    PendingJob,
+    Preemption,
+    Snapshot,
+    Waiting,
+)
+from runtime.scheduling.placement import FreeDevice, FreePool
+from runtime.scheduling.quota import QuotaLedger, demand_for
+
+__all__ = ["assign_flavors", "queue_order", "schedule"]
+
+NOW = "now"
+RECLAIM = "reclaim"
+PRIORITY = "priority"
+
+
+def queue_order(job: PendingJob) -> tuple[int, float, int]:
+    """A tenant's queue: higher priority first, then earlier submission, then lower job id."""
+    return (-job.priority, job.submitted_at, job.job_id)
+
+
+def _victim_order(job: AdmittedJob) -> tuple[int, float, int]:
+    """Preemption candidates: lowest priority first, then the most recently admitted."""
+    return (job.priority, -job.admitted_at, -job.job_id)
+
+
+def assign_flavors(
+    count: int,
+    flavors: Sequence[str],
+    rates: Sequence[int],
+    free: Sequence[int],
+    rooms: Sequence[int | None],
+    nau_room: int | None,
+) -> dict[str, int] | None:
+    """Devices per flavor for a gang of ``count``, or None. O(flavors).
+
+    First each single flavor, in the job's order, with enough free devices and quota; else flavors filled in
+    order, each up to what is free and what its quota and the NAU quota leave. Per flavor, in the job's order:
+    ``rates`` (milli-NAU per device), ``free`` (devices), ``rooms`` (quota headroom, None = unlimited);
+    ``nau_room`` is the NAU headroom.
+    """
+    for flavor, rate, available, room in zip(flavors, rates, free, rooms, strict=True):
+        if available >= count and (room is None or room >= count) and (nau_room is None or count * rate <= nau_room):
+            return {flavor: count}
+    counts: dict[str, int] = {}
+    left = count
+    for flavor, rate, available, room in zip(flavors, rates, free, rooms, strict=True):
+        take = min(available, left)
+        if room is not None:
+            take = min(take, room)
+        if nau_room is not None and rate > 0:
+            take = min(take, nau_room // rate)
+        if take > 0:
+            counts[flavor] = take
+            left -= take
+            if nau_room is not None:
+                nau_room -= take * rate
+            if left == 0:
+                return counts
+    return None
+
+
+@dataclass(frozen=True)
+class _GiveBack:
+    released: Mapping[str, int]  # resource -> amount the tenant gives back
+    relief: Mapping[str, int]  # resource -> drop of its cohort's pool usage
+    freed: Mapping[str, int]  # flavor -> devices freed
+
+
+_NOTHING = _GiveBack({}, {}, {})
+_EMPTY: Mapping[str, int] = {}
+
+
+class _Rooms:
+    """Quota headroom and free devices for one tenant in one state, now or after hypothetical preemptions.
+
+    Filled lazily, one resource at a time; valid until the next admission (the cycle's epoch)."""
+
+    __slots__ = ("free", "freed", "ledger", "pool", "released", "relief", "rooms", "tenant_id", "within")
+
+    def __init__(
+        self,
+        ledger: QuotaLedger,
+        pool: FreePool,
+        tenant_id: int,
+        *,
+        within: bool = False,
+        released: Mapping[str, int] = _EMPTY,
+        relief: Mapping[str, int] = _EMPTY,
+        freed: Mapping[str, int] = _EMPTY,
+    ) -> None:
+        self.ledger, self.pool, self.tenant_id, self.within = ledger, pool, tenant_id, within
+        self.released, self.relief, self.freed = released, relief, freed
+        self.rooms: dict[str, int | None] = {}
+        self.free: dict[str, int] = {}
+
+    def vectors(self, flavors: Sequence[str]) -> tuple[list[int | None], int | None, list[int]]:
+        """(headroom per flavor, NAU headroom, free devices per flavor)."""
+        rooms, free = self.rooms, self.free
+        try:
+            return [rooms[f] for f in flavors], rooms[NAU], [free[f] for f in flavors]
+        except KeyError:
+            pass
+        for resource in (*flavors, NAU):
+            if resource not in rooms:
+                rooms[resource] = self.ledger.headroom(
+                    self.tenant_id,
+                    resource,
+                    within_nominal=self.within,
+                    released=self.released.get(resource, 0),
+                    relief=self.relief.get(resource, 0),
+                )
+        for flavor in flavors:
+            if flavor not in free:
+                free[flavor] = self.pool.count(flavor) + self.freed.get(flavor, 0)
+        return [rooms[f] for f in flavors], rooms[NAU], [free[f] for f in flavors]
+
+
+def _flavor_counts(devices: Sequence[FreeDevice], pool: FreePool) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for device in devices:
+        if device.device_id not in pool:
+            counts[device.flavor] = counts.get(device.flavor, 0) + 1
+    return counts
+
+
+def _accumulate(total: dict[str, int], part: Mapping[str, int], sign: int = 1) -> None:
+    for key, amount in part.items():
+        total[key] = total.get(key, 0) + sign * amount
+
+
+class _Cycle:
+    def __init__(self, snapshot: Snapshot, blend: float) -> None:
+        if not 0.0 <= blend <= 1.0:
+            raise ValueError(f"blend must be between 0 and 1, got {blend!r}")
+        self.snapshot = snapshot
+        self.blend = blend
+        self.ledger = QuotaLedger.from_snapshot(snapshot)
+        # A device listed as free but held by a running job is taken as held: never handed out twice.
+        held = {device.device_id for job in snapshot.admitted for device in job.devices}
+        self.pool = FreePool(device for device in snapshot.free if device.device_id not in held)
+        queues: dict[int, list[PendingJob]] = defaultdict(list)
+        for job in snapshot.pending:
+            queues[job.tenant_id].append(job)
+        for jobs in queues.values():
+            jobs.sort(key=queue_order)
+        self.queues = dict(queues)
+        self.cursor = dict.fromkeys(self.queues, 0)
+        # Preemption candidates: per cohort, per tenant, in victim order.
+        self.borrowers: dict[Hashable, dict[int, list[AdmittedJob]]] = defaultdict(lambda: defaultdict(list))
+        for admitted in sorted(snapshot.admitted, key=_victim_order):
+            if admitted.borrowing:
+                self.borrowers[self.ledger.cohort_key(admitted.tenant_id)][admitted.tenant_id].append(admitted)
+        # Versions: a tenant's usage (or candidates) changed / a cohort's candidates or their tenants changed.
+        self.tenant_version: dict[int, int] = defaultdict(int)
+        self.cohort_version: dict[Hashable, int] = defaultdict(int)
+        self.give_backs: dict[tuple[int, int | None], tuple[int, _GiveBack]] = {}
+        self.cohort_give_backs: dict[tuple[Hashable, int | None], tuple[int, _GiveBack]] = {}
+        # Room vectors per (tenant, mode, priority), valid for one epoch: the time between two admissions.
+        self.epoch = 0
+        self.rooms_epoch = 0
+        self.rooms: dict[tuple[int, str, int | None], _Rooms | None] = {}
+        self.stamp: dict[int, int] = defaultdict(int)
+        self.shares: dict[int, tuple[int, float]] = {}  # tenant -> (usage version, dominant share)
+        self.heap: list[tuple[int, float, int, float, int, int, int]] = []
+        self.admissions: list[Admission] = []
+        self.preemptions: list[Preemption] = []
+        self.waiting: dict[int, list[tuple[int, str]]] = defaultdict(list)
+
+    # --- queue manager ---------------------------------------------------------------------------------
+
+    def _push(self, tenant_id: int) -> None:
+        self.stamp[tenant_id] += 1
+        jobs = self.queues.get(tenant_id)
+        if not jobs or self.cursor[tenant_id] >= len(jobs):
+            return
+        head = jobs[self.cursor[tenant_id]]
+        version = self.tenant_version[tenant_id]
+        cached = self.shares.get(tenant_id)
+        if cached is not None and cached[0] == version:
+            share = cached[1]
+        else:
+            quota = self.snapshot.tenants.get(tenant_id)
+            share = dominant_share(
+                self.ledger.limits(tenant_id),
+                self.ledger.usage(tenant_id),
+                self.snapshot.history.get(tenant_id, {}),
+                quota.weight if quota is not None else 1.0,
+                self.blend,
+            )
+            self.shares[tenant_id] = (version, share)
+        # Kueue's order: heads that fit within their tenant's nominal quota go before heads that
+        # would borrow, so that capacity a tenant is owed is never lent to another first.
+        tier = 0 if self._fits_nominal(head) else 1
+        entry = (tier, share, -head.priority, head.submitted_at, head.job_id, tenant_id, self.stamp[tenant_id])
+        heapq.heappush(self.heap, entry)
+
+    def _fits_nominal(self, job: PendingJob) -> bool:
+        """Whether some single allowed flavor would keep the job's tenant within nominal."""
+        rates = self.snapshot.nau_rates
+        return any(
+            self.ledger.has_quota(job.tenant_id, flavor)
+            and self.ledger.within_nominal(job.tenant_id, demand_for(job.job_class, {flavor: job.devices}, rates))
+            for flavor in job.flavors
+        )
+
+    def run(self) -> CycleResult:
+        for tenant_id in sorted(self.queues):
+            self._push(tenant_id)
+        while self.heap:
+            *_, tenant_id, stamp = heapq.heappop(self.heap)
+            if stamp != self.stamp[tenant_id]:
+                continue  # stale: the tenant's usage or head changed since
+            job = self.queues[tenant_id][self.cursor[tenant_id]]
+            self.cursor[tenant_id] += 1
+            touched = self._decide(job)
+            self._push(tenant_id)
+            for other in sorted(touched - {tenant_id}):
+                self._push(other)
+        waiting = tuple(
+            Waiting(job_id=job_id, reason=reason, position=position)
+            for tenant_id in sorted(self.waiting)
+            for position, (job_id, reason) in enumerate(self.waiting[tenant_id], start=1)
+        )
+        return CycleResult(admissions=tuple(self.admissions), preemptions=tuple(self.preemptions), waiting=waiting)
+
+    # --- decisions -------------------------------------------------------------------------------------
+
+    def _rates(self, job: PendingJob, flavors: Sequence[str]) -> list[int]:
+        rates = self.snapshot.nau_rates
+        return [rates.get((job.job_class, flavor), MILLI) for flavor in flavors]
+
+    def _decide(self, job: PendingJob) -> set[int]:
+        """Admit the job (perhaps preempting) or record why it waits; the tenants whose usage fell."""
+        tenant_id = job.tenant_id
+        flavors = tuple(dict.fromkeys(job.flavors))
+        if job.devices <= 0 or not flavors:
+            why = "asks for no devices" if job.devices <= 0 else "allows no flavor"
+            self.waiting[tenant_id].append((job.job_id, f"cannot be placed: it {why}"))
+            return set()
+        rates = self._rates(job, flavors)
+        ledger = self.ledger
+        now = self._rooms(tenant_id, NOW, None)
+        assert now is not None
+        rooms, nau_room, free = now.vectors(flavors)
+        assignment = assign_flavors(job.devices, flavors, rates, free, rooms, nau_room)
+        victims: list[AdmittedJob] = []
+        mode = ""
+        if assignment is None:
+            found = self._preempt(job, flavors, rates)
+            if found is not None:
+                mode, victims, assignment = found
+        if assignment is None:
+            reason = self._reason(job, flavors, rates, free, rooms, nau_room)
+            self.waiting[tenant_id].append((job.job_id, reason))
+            return set()
+
+        demand = demand_for(job.job_class, assignment, self.snapshot.nau_rates)
+        borrowing = ledger.would_borrow(tenant_id, demand)  # victims are out of the ledger already
+        freed = self.pool.put([d for v in victims for d in v.devices])
+        chosen: list[FreeDevice] = []
+        for flavor, count in assignment.items():
+            chosen.extend(self.pool.take(flavor, count))
+        self.pool.discard(freed)  # busy until the victims stop
+        ledger.add(tenant_id, demand)
+        self.epoch += 1
+        self._usage_changed(tenant_id)
+        for victim in victims:
+            if mode == RECLAIM:
+                reason = f"reclaimed by tenant {tenant_id} within its nominal quota"
+            else:
+                reason = f"preempted by higher-priority job {job.job_id} (priority {job.priority} > {victim.priority})"
+            self.preemptions.append(Preemption(job_id=victim.job_id, by_job_id=job.job_id, reason=reason))
+            cohort = self.borrowers[ledger.cohort_key(victim.tenant_id)]
+            cohort[victim.tenant_id].remove(victim)
+            if not cohort[victim.tenant_id]:
+                del cohort[victim.tenant_id]
+            self._usage_changed(victim.tenant_id, candidate=True)
+        self.admissions.append(
+            Admission(
+                job_id=job.job_id,
+                devices=tuple(chosen),
+                demand=demand,
+                borrowing=borrowing,
+                preempts=tuple(v.job_id for v in victims),
+            )
+        )
+        return {v.tenant_id for v in victims}
+
+    def _usage_changed(self, tenant_id: int, *, candidate: bool = False) -> None:
+        self.tenant_version[tenant_id] += 1
+        cohort = self.ledger.cohort_key(tenant_id)
+        if candidate or tenant_id in self.borrowers.get(cohort, {}):
+            self.cohort_version[cohort] += 1
+
+    def _preempt(
+        self, job: PendingJob, flavors: Sequence[str], rates: Sequence[int]
+    ) -> tuple[str, list[AdmittedJob], dict[str, int]] | None:
+        tenant_id = job.tenant_id
+        cohort = self.ledger.cohort_key(tenant_id)
+        borrowers = self.borrowers.get(cohort)
+        if not borrowers:
+            return None
+        for mode in (RECLAIM, PRIORITY):
+            if not self._room_if_all_preempted(job, flavors, rates, mode):
+                continue
+            candidates = sorted(
+                (
+                    victim
+                    for owner, jobs in borrowers.items()
+                    if mode == PRIORITY or owner != tenant_id
+                    for victim in jobs
+                    if mode == RECLAIM or victim.priority < job.priority
+                ),
+                key=_victim_order,
+            )
+            found = self._choose_victims(job, flavors, rates, candidates, mode == RECLAIM)
+            if found is not None:
+                return (mode, *found)
+        return None
+
+    def _give_back(self, tenant_id: int, cohort: Hashable, below: int | None) -> _GiveBack:
+        """What greedy preemption would take from one tenant: its candidates (priority < ``below``, or all) in
+        victim order, each while its tenant still uses more than nominal for a resource it holds. Depends on
+        that tenant's usage alone, so tenants add up; memoized per usage version."""
+        key = (tenant_id, below)
+        version = self.tenant_version[tenant_id]
+        cached = self.give_backs.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        ledger = self.ledger
+        released: dict[str, int] = {}
+        freed: dict[str, int] = {}
+        for victim in self.borrowers[cohort].get(tenant_id, ()):
+            if below is not None and victim.priority >= below:
+                break
+            if ledger.is_borrowing(tenant_id, victim.demand, released):
+                _accumulate(released, victim.demand)
+                _accumulate(freed, _flavor_counts(victim.devices, self.pool))
+        relief = {r: n for r, n in ledger.relief(tenant_id, released).items() if n}
+        result = _GiveBack(released, relief, freed)
+        self.give_backs[key] = (version, result)
+        return result
+
+    def _cohort_give_back(self, cohort: Hashable, below: int | None) -> _GiveBack:
+        key = (cohort, below)
+        version = self.cohort_version[cohort]
+        cached = self.cohort_give_backs.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        relief: dict[str, int] = {}
+        freed: dict[str, int] = {}
+        for tenant_id in self.borrowers[cohort]:
+            part = self._give_back(tenant_id, cohort, below)
+            _accumulate(relief, part.relief)
+            _accumulate(freed, part.freed)
+        result = _GiveBack({}, {r: n for r, n in relief.items() if n}, {f: n for f, n in freed.items() if n})
+        self.cohort_give_backs[key] = (version, result)
+        return result
+
+    def _rooms(self, tenant_id: int, mode: str, below: int | None) -> _Rooms | None:
+        """The tenant's room now (NOW), or once every candidate is preempted; None when there is none to take."""
+        if self.rooms_epoch != self.epoch:
+            self.rooms.clear()
+            self.rooms_epoch = self.epoch
+        key = (tenant_id, mode, below)
+        if key in self.rooms:
+            return self.rooms[key]
+        ledger = self.ledger
+        rooms: _Rooms | None
+        if mode == NOW:
+            rooms = _Rooms(ledger, self.pool, tenant_id)
+        else:
+            cohort = ledger.cohort_key(tenant_id)
+            total = self._cohort_give_back(cohort, below)
+            own = self._give_back(tenant_id, cohort, below) if tenant_id in self.borrowers[cohort] else _NOTHING
+            if mode == RECLAIM:  # the others' jobs only
+                relief = {r: n - own.relief.get(r, 0) for r, n in total.relief.items()}
+                freed = {f: n - own.freed.get(f, 0) for f, n in total.freed.items()}
+                if not any(relief.values()) and not any(freed.values()):
+                    rooms = None  # nothing to take: the state that just refused the job, with a tighter cap
+                else:
+                    rooms = _Rooms(ledger, self.pool, tenant_id, within=True, relief=relief, freed=freed)
+            elif not total.relief and not total.freed and not own.released:
+                rooms = None
+            else:
+                rooms = _Rooms(
+                    ledger, self.pool, tenant_id, released=own.released, relief=total.relief, freed=total.freed
+                )
+        self.rooms[key] = rooms
+        return rooms
+
+    def _room_if_all_preempted(self, job: PendingJob, flavors: Sequence[str], rates: Sequence[int], mode: str) -> bool:
+        """Whether the job fits once greedy preemption has taken every candidate it may take.
+
+        Exact: greedy stops at the first fit and only ever adds room, so it succeeds iff this says so.
+        Memoized per cohort state, so that a full cohort turns jobs away in O(flavors + resources).
+        """
+        rooms = self._rooms(job.tenant_id, mode, None if mode == RECLAIM else job.priority)
+        if rooms is None:
+            return False
+        flavor_rooms, nau_room, free = rooms.vectors(flavors)
+        return assign_flavors(job.devices, flavors, rates, free, flavor_rooms, nau_room) is not None
+
+    def _choose_victims(
+        self,
+        job: PendingJob,
+        flavors: Sequence[str],
+        rates: Sequence[int],
+        candidates: list[AdmittedJob],
+        within_nominal: bool,
+    ) -> tuple[list[AdmittedJob], dict[str, int]] | None:
+        """Greedy victims until the job fits, then drop those not needed. Victims stay out of the ledger."""
+        tenant_id = job.tenant_id
+        ledger = self.ledger
+        extra: dict[str, int] = {}
+
+        def fits() -> dict[str, int] | None:
+            free = [self.pool.count(flavor) + extra.get(flavor, 0) for flavor in flavors]
+            rooms = [ledger.headroom(tenant_id, flavor, within_nominal=within_nominal) for flavor in flavors]
+            nau_room = ledger.headroom(tenant_id, NAU, within_nominal=within_nominal)
+            return assign_flavors(job.devices, flavors, rates, free, rooms, nau_room)
+
+        # A victim that holds none of what the job can use changes nothing for it: no need to check again.
+        wanted = set(flavors)
+        if NAU in ledger.limits(tenant_id):
+            wanted.add(NAU)
+
+        def matters(victim: AdmittedJob) -> bool:
+            return any(r in wanted for r in victim.demand) or any(d.flavor in wanted for d in victim.devices)
+
+        victims: list[AdmittedJob] = []
+        for victim in candidates:
+            if not ledger.is_borrowing(victim.tenant_id, victim.demand):
+                continue  # what is left of its tenant is within nominal: never preempt that
+            ledger.remove(victim.tenant_id, victim.demand)
+            _accumulate(extra, _flavor_counts(victim.devices, self.pool))
+            victims.append(victim)
+            if matters(victim) and fits() is not None:
+                break
+        else:
+            for victim in victims:
+                ledger.add(victim.tenant_id, victim.demand)
+            return None
+        for victim in reversed(list(victims)):
+            ledger.add(victim.tenant_id, victim.demand)
+            _accumulate(extra, _flavor_counts(victim.devices, self.pool), -1)
+            if not matters(victim) or fits() is not None:
+                victims.remove(victim)
+            else:
+                ledger.remove(victim.tenant_id, victim.demand)
+                _accumulate(extra, _flavor_counts(victim.devices, self.pool))
+        assignment = fits()
+        assert assignment is not None
+        return victims, assignment
+
+    def _reason(
+        self,
+        job: PendingJob,
+        flavors: Sequence[str],
+        rates: Sequence[int],
+        free: Sequence[int],
+        rooms: Sequence[int | None],
+        nau_room: int | None,
+    ) -> str:
+        """The most useful reason: the quota's, when quota refuses whatever is free; else what is free."""
+        tenant_id = job.tenant_id
+        count = job.devices
+        ledger = self.ledger
+
+        def single(flavor: str, room: int | None, rate: int) -> str | None:
+            """Why ``count`` devices of one flavor do not fit the quota now (None: they do)."""
+            if room is not None and count > room:
+                return ledger.refusal(tenant_id, flavor, count)
+            if nau_room is not None and count * rate > nau_room:
+                return ledger.refusal(tenant_id, NAU, count * rate)
+            return None
+
+        if assign_flavors(count, flavors, rates, [count] * len(flavors), rooms, nau_room) is None:
+            # Quota blocks, whatever is free: say why for the most preferred flavor the tenant has quota for.
+            for flavor, room, rate in zip(flavors, rooms, rates, strict=True):
+                if ledger.has_quota(tenant_id, flavor):
+                    why = single(flavor, room, rate)
+                    if why is not None:
+                        return why
+            return f"no quota for {' or '.join(flavors)}; ask an operator"
+        free_now = ", ".join(f"{available} {flavor}" for flavor, available in zip(flavors, free, strict=True))
+        reason = f"waiting for {count} devices; free now: {free_now}"
+        for flavor, available, room, rate in zip(flavors, free, rooms, rates, strict=True):
+            if available >= count:
+                why = single(flavor, room, rate)
+                if why is not None:
+                    return f"{reason}; {why}"
+        return reason
+
+
+def schedule(snapshot: Snapshot, *, blend: float = 0.5) -> CycleResult:
+    """One admission cycle: which pending jobs start (on which devices, preempting whom) and why others wait."""
+    return _Cycle(snapshot, blend).run()

@@ -1,0 +1,225 @@
+"""Admission against quotas, on PostgreSQL: caps, NAU charges, cohorts, preemption, reasons, races.
+
+The admission cycle is called directly, as the Celery task would call it; no worker runs, so
+admitted jobs stay admitted until a test ends them. The demo pool has 2 h100-sxm, 2 a100-sxm,
+4 ascend-910b and 4 tpu-v4; one NAU is one a100-sxm.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from billing.models import UsageRecord
+from jobs import services
+from jobs.models import Allocation, JobEvent, JobState, TrainingJob
+from runtime.jobspec import parse_job_spec
+from tenants.models import Cohort, Quota, Tenant
+from tests.conftest import make_tenant
+
+pytestmark = pytest.mark.integration
+
+
+def quota(tenant, resource, nominal, borrowing=None, lending=None):
+    Quota.objects.update_or_create(
+        tenant_id=tenant.id,
+        resource=resource,
+        defaults={"nominal": nominal, "borrowing_limit": borrowing, "lending_limit": lending},
+    )
+
+
+def in_cohort(name, *tenant_fixtures):
+    cohort, _ = Cohort.objects.get_or_create(name=name)
+    Tenant.objects.filter(pk__in=[t.id for t in tenant_fixtures]).update(cohort=cohort)
+
+
+def submit(tenant, devices, flavors=("ascend-910b",), priority=0, name="job"):
+    spec = {"name": name, "devices": devices, "flavors": list(flavors), "priority": priority}
+    return services.submit_job(tenant_id=tenant.id, user_id=None, spec=parse_job_spec(spec)).id
+
+
+def job(job_id):
+    return TrainingJob.objects.get(pk=job_id)
+
+
+@pytest.fixture
+def lab(db, pool):
+    """Two tenants with no quota yet, and a third who must see nothing of theirs."""
+    return make_tenant("acme", nau_quota=None), make_tenant("globex", nau_quota=None), make_tenant("initech")
+
+
+def test_a_device_quota_caps_the_tenant_and_says_why(lab):
+    acme = lab[0]
+    quota(acme, "ascend-910b", 2)
+    first = submit(acme, 2, name="first")
+    second = submit(acme, 1, name="second")
+    third = submit(acme, 1, name="third")
+    assert services.admit_queued_jobs() == [first]
+    waiting = job(second)
+    assert waiting.state == JobState.QUEUED
+    assert "2 of 2 ascend-910b in use by your tenant" in waiting.pending_reason
+    assert (waiting.queue_position, job(third).queue_position) == (1, 2)
+
+    services.finish_job(first, JobState.SUCCEEDED)
+    assert services.admit_queued_jobs() == [second, third]
+    assert job(second).queue_position is None and job(second).pending_reason == ""
+
+
+def test_no_quota_for_a_flavor_means_no_admission(lab):
+    acme = lab[0]
+    quota(acme, "ascend-910b", 4)
+    blocked = submit(acme, 1, flavors=("tpu-v4",))
+    assert services.admit_queued_jobs() == []
+    assert "no quota for tpu-v4" in job(blocked).pending_reason
+
+
+def test_a_nau_quota_charges_each_device_by_its_throughput(lab):
+    acme = lab[0]
+    quota(acme, "nau", "4.000")  # h100: 989/312 = 3.170 NAU; a100: 1.000; tpu-v4: 275/312 = 0.881
+    fast = submit(acme, 1, flavors=("h100-sxm",))
+    slow = submit(acme, 1, flavors=("a100-sxm",))
+    assert services.admit_queued_jobs() == [fast]
+    assert job(fast).demand == {"h100-sxm": 1, "nau": 3170}
+    assert "NAU" in job(slow).pending_reason
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {acme.token}")
+    body = client.get("/api/v1/quotas").json()
+    assert body["quotas"] == [
+        {
+            "resource": "nau",
+            "unit": "NAU",
+            "nominal": 4.0,
+            "borrowing_limit": None,
+            "lending_limit": None,
+            "in_use": 3.17,
+            "borrowed": 0.0,
+            "cohort": None,
+            "cohort_can_lend": None,
+        }
+    ]
+    queue = client.get("/api/v1/queue").json()["queue"]
+    assert [(q["job"], q["position"]) for q in queue] == [(slow, 1)]
+    # The third tenant sees none of it.
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION=f"Bearer {lab[2].token}")
+    assert other.get("/api/v1/queue").json() == {"queue": []}
+
+
+def test_a_tenant_reclaims_its_lent_quota_by_preempting_borrowed_work(lab):
+    acme, globex, _ = lab
+    in_cohort("lab", acme, globex)
+    quota(acme, "ascend-910b", 2)
+    quota(globex, "ascend-910b", 2)
+    borrower = submit(globex, 4, name="borrower")
+    assert services.admit_queued_jobs() == [borrower]
+    assert job(borrower).borrowing is True
+
+    owner = submit(acme, 2, name="owner")
+    assert services.admit_queued_jobs() == [owner]
+    preempted = job(borrower)
+    assert (preempted.state, preempted.attempt, preempted.preemptions) == (JobState.QUEUED, 1, 1)
+    assert not Allocation.objects.filter(job_id=borrower, ended_at__isnull=True).exists()
+    # The devices it held until then are metered, once each.
+    assert UsageRecord.objects.filter(job_id=borrower).count() == 4
+    event = JobEvent.objects.filter(job_id=borrower, to_state=JobState.QUEUED).last()
+    assert "reclaimed" in event.message and event.data["preempted_by"] == owner
+    # It waits now, and says why.
+    assert services.admit_queued_jobs() == []
+    assert job(borrower).pending_reason
+
+
+def test_priority_preempts_borrowed_work_but_never_a_nominal_share(lab):
+    acme, globex, _ = lab
+    in_cohort("lab", acme, globex)
+    quota(acme, "ascend-910b", 2)
+    quota(globex, "ascend-910b", 2)
+    nominal = submit(acme, 2, name="nominal")
+    borrowed = submit(acme, 2, name="borrowed")
+    assert services.admit_queued_jobs() == [nominal, borrowed]
+    assert (job(nominal).borrowing, job(borrowed).borrowing) == (False, True)
+
+    urgent = submit(acme, 2, priority=10, name="urgent")
+    assert services.admit_queued_jobs() == [urgent]
+    assert job(borrowed).state == JobState.QUEUED
+    assert job(nominal).state == JobState.ADMITTED
+
+    # Nothing of higher priority takes the nominal share: only borrowed work can be preempted.
+    top = submit(acme, 4, priority=1000, name="top")
+    services.admit_queued_jobs()
+    assert job(nominal).state == JobState.ADMITTED
+    assert job(top).state == JobState.QUEUED
+    # ...and a preemption that would not make room is not made at all.
+    assert job(urgent).state == JobState.ADMITTED
+
+
+def test_a_tenant_without_a_cohort_never_borrows(lab):
+    acme = lab[0]
+    quota(acme, "ascend-910b", 2, borrowing=2)
+    big = submit(acme, 3)
+    assert services.admit_queued_jobs() == []
+    assert job(big).state == JobState.QUEUED
+
+
+def test_an_old_attempt_cannot_move_the_new_one(lab):
+    acme, globex, _ = lab
+    in_cohort("lab", acme, globex)
+    quota(acme, "ascend-910b", 2)
+    quota(globex, "ascend-910b", 2)
+    borrower = submit(globex, 4)
+    services.admit_queued_jobs()
+    submit(acme, 2)
+    services.admit_queued_jobs()  # preempts the borrower: attempt 0 is over
+    services.finish_job(TrainingJob.objects.filter(tenant_id=acme.id).get().pk, JobState.SUCCEEDED)
+    services.admit_queued_jobs()  # the borrower comes back as attempt 1
+    assert (job(borrower).state, job(borrower).attempt) == (JobState.ADMITTED, 1)
+    from django.db import transaction
+
+    with transaction.atomic():
+        stale = services.claim_transition(borrower, [JobState.ADMITTED], JobState.RUNNING, attempt=0, message="old")
+    assert stale is None
+    assert services.run_key(job(borrower)).endswith("-a1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_submissions_never_overshoot_the_quota(tenants, pool):
+    acme = make_tenant("racer", nau_quota=None)
+    quota(acme, "ascend-910b", 4)
+    barrier = threading.Barrier(16)
+    rng = random.Random(5)
+    sizes = [rng.choice((1, 2, 4)) for _ in range(16)]
+    errors: list[BaseException] = []
+
+    def client(size: int) -> None:
+        try:
+            barrier.wait()
+            job_id = submit(acme, size)
+            services.admit_queued_jobs()
+            if job(job_id).state == JobState.ADMITTED and size < 4:
+                services.finish_job(job_id, JobState.SUCCEEDED)
+            services.admit_queued_jobs()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=client, args=(s,)) for s in sizes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    edges = []
+    for a in Allocation.objects.filter(job__tenant_id=acme.id):
+        edges.append((a.started_at, 1, 1))
+        if a.ended_at:
+            edges.append((a.ended_at, 0, -1))
+    held = peak = 0
+    for _, _, delta in sorted(edges):
+        held += delta
+        peak = max(peak, held)
+    assert 0 < peak <= 4
