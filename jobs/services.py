@@ -479,6 +479,7 @@ def finish_job(job_id: int, state: str, *, reason: str = "", message: str = "") 
             data={"reason": reason} if reason else None,
             finished_at=now,
             failure_reason=reason,
+            queue_position=None,
         )
         if job is None:
             return False

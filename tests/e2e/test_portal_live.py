@@ -47,6 +47,10 @@ def test_a_signed_in_user_sees_their_jobs_change_live(
         expect(row(page, foreign_id)).to_have_count(0)
         assert "globex-secret" not in page.content()
         expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+        # Its quota is drawn: acme holds nothing yet of its 1000 NAU, and no cohort lends to it.
+        expect(page.locator('#quotas tr[data-resource="nau"]')).to_contain_text("0 / 1000 NAU")
+        # A job that waits says where it stands in the queue.
+        expect(row(page, existing_id)).to_contain_text("#1 in your queue")
 
         # From here on the page must change by itself: a reload or a navigation would lose the marker.
         page.evaluate("window.__marker = 1")

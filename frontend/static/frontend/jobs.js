@@ -24,7 +24,7 @@
       tbody.prepend(row);
     }
     const pct = Math.round((job.progress.fraction || 0) * 100);
-    let reason = job.state === "failed" ? job.failure_reason : job.pending_reason;
+    let reason = job.state === "failed" ? job.failure_reason : job.state === "queued" ? job.pending_reason : "";
     if (job.state === "queued" && job.queue_position) reason = `#${job.queue_position} in your queue · ${reason || "waiting"}`;
     const charge = job.quota ? `<span class="chip nau" title="charged against your quota">${job.quota.nau.toFixed(2)} NAU${job.quota.borrowing ? " · borrowed" : ""}</span>` : "";
     const changed = row.dataset.state && row.dataset.state !== job.state;
