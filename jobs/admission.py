@@ -12,18 +12,31 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from jobs.models import AdmissionLock, Allocation, Device, DeviceHealth, Flavor, JobEvent, JobState, TrainingJob
+from jobs.models import (
+    TERMINAL_STATES,
+    AdmissionLock,
+    AdmissionRequest,
+    Allocation,
+    Device,
+    DeviceHealth,
+    Flavor,
+    JobEvent,
+    JobState,
+    TrainingJob,
+)
 from runtime.scheduling import (
     NAU,
     Admission,
@@ -53,6 +66,8 @@ class CycleReport:
     waiting: int
     requeued: tuple[int, ...]  # decided, but the claim failed; the next cycle decides again
     decide_s: float
+    snapshot_at: datetime
+    decided: tuple[int, ...]  # every queued job this cycle considered
 
 
 # --- the snapshot -----------------------------------------------------------------------------
@@ -146,9 +161,16 @@ def _pending_jobs() -> list[PendingJob]:
 
 def _free_devices() -> list[FreeDevice]:
     held = Allocation.objects.filter(ended_at__isnull=True).values("device_id")
+    # A device is free only once nothing runs on it: the runs of ended or preempted attempts that
+    # the backend has not yet confirmed gone still occupy theirs.
+    untorn = TrainingJob.objects.filter(
+        ~Q(pending_teardowns=[]) | Q(state__in=TERMINAL_STATES, backend_handle__isnull=False, torn_down_at__isnull=True)
+    )
+    lingering = Allocation.objects.filter(job__in=untorn).values("device_id")
     devices = (
         Device.objects.filter(health=DeviceHealth.HEALTHY)
         .exclude(pk__in=held)
+        .exclude(pk__in=lingering)
         .select_related("node", "flavor")
         .order_by("device_id")
     )
@@ -301,39 +323,102 @@ def _record_waiting(waiting: Iterable[tuple[int, str, int]]) -> int:
     return len(wanted)
 
 
-def run_admission_cycle() -> CycleReport:
-    """One cycle: lock, snapshot, decide, apply. Safe to run from any number of workers at once."""
-    import time
+def _lock(*, wait: bool) -> bool:
+    """Take the admission lock row for this transaction; without ``wait``, False when another
+    cycle holds it. (SQLite has no row locks: its IMMEDIATE transactions serialize cycles anyway.)"""
+    rows = AdmissionLock.objects.filter(pk=1)
+    if connection.features.has_select_for_update_skip_locked:
+        rows = rows.select_for_update(skip_locked=not wait)
+    if list(rows.values_list("pk", flat=True)):  # evaluated, so the row lock is taken here
+        return True
+    if AdmissionLock.objects.filter(pk=1).exists():
+        return False  # held by another cycle
+    AdmissionLock.objects.get_or_create(pk=1)  # a flushed test database lost the row
+    return _lock(wait=True)
 
-    with transaction.atomic():
-        # The UPDATE takes the lock row and holds it to the end of the transaction.
-        if not AdmissionLock.objects.filter(pk=1).update(last_cycle_at=timezone.now()):
-            AdmissionLock.objects.get_or_create(pk=1)  # a flushed test database lost the row
-            AdmissionLock.objects.filter(pk=1).update(last_cycle_at=timezone.now())
-        snapshot = load_snapshot(timezone.now())
-        # Allocations start after the snapshot was read: an allocation that a concurrent finish
-        # closed just before it must not appear to overlap its successor on the same device.
-        now = timezone.now()
-        started = time.perf_counter()
-        result = schedule(snapshot, blend=settings.POLYCHIP_FAIR_SHARE_BLEND)
-        decide_s = time.perf_counter() - started
 
-        preempted = [p.job_id for p in result.preemptions if _preempt(p, now)]
-        admitted: list[int] = []
-        requeued: list[int] = []
-        for admission in result.admissions:
-            victims_gone = all(
-                not Allocation.objects.filter(job_id=v, ended_at__isnull=True).exists() for v in admission.preempts
-            )
-            if victims_gone and _admit(admission, now):
-                admitted.append(admission.job_id)
-            else:
-                requeued.append(admission.job_id)
-        waiting = _record_waiting((w.job_id, w.reason, w.position) for w in result.waiting)
+def _cycle(tasks: Any) -> CycleReport:
+    """Decide and apply, inside the caller's transaction and under the admission lock."""
+    snapshot_at = timezone.now()
+    snapshot = load_snapshot(snapshot_at)
+    # Allocations start after the snapshot was read: an allocation that a concurrent finish
+    # closed just before it must not appear to overlap its successor on the same device.
+    now = timezone.now()
+    started = time.perf_counter()
+    result = schedule(snapshot, blend=settings.POLYCHIP_FAIR_SHARE_BLEND)
+    decide_s = time.perf_counter() - started
+
+    preempted = [p.job_id for p in result.preemptions if _preempt(p, now)]
+    admitted: list[int] = []
+    requeued: list[int] = []
+    making_room: list[tuple[int, str, int]] = []
+    for admission in result.admissions:
+        if admission.preempts:
+            # Evict first, admit later (as Kueue does): the victims' devices are free only once
+            # the backend confirms their runs stopped, and a later cycle admits this job.
+            victims = ", ".join(str(v) for v in admission.preempts)
+            making_room.append((admission.job_id, f"making room: preempting job {victims}", 1))
+        elif _admit(admission, now):
+            admitted.append(admission.job_id)
+        else:
+            requeued.append(admission.job_id)
+    waiting = _record_waiting([*making_room, *((w.job_id, w.reason, w.position) for w in result.waiting)])
+    if making_room:
+        transaction.on_commit(tasks.admit_queued_jobs.delay, robust=True)
+    AdmissionLock.objects.filter(pk=1).update(last_cycle_at=now)
     return CycleReport(
         admitted=tuple(admitted),
         preempted=tuple(preempted),
         waiting=waiting,
         requeued=tuple(requeued),
         decide_s=decide_s,
+        snapshot_at=snapshot_at,
+        decided=tuple(job.job_id for job in snapshot.pending),
     )
+
+
+def run_admission_cycle() -> CycleReport:
+    """One cycle, waiting for the lock if another cycle runs."""
+    from jobs import tasks
+
+    with transaction.atomic():
+        _lock(wait=True)
+        report = _cycle(tasks)
+    _notify(report)
+    return report
+
+
+def admit() -> list[int]:
+    """Admit what can be admitted now, coalescing with cycles that other workers run.
+
+    Every submission and every ended job asks for a cycle. Rather than queue one cycle per request
+    behind the lock, a request is written down first; a worker that finds the lock taken leaves,
+    and the worker holding it runs once more if a request arrived after its snapshot. A request
+    is never lost: it is written before the lock is tried, and the holder reads requests only
+    after it let the lock go. Returns the ids this worker admitted.
+    """
+    from jobs import tasks
+
+    requested = timezone.now()
+    if not AdmissionRequest.objects.filter(pk=1).update(requested_at=requested):
+        AdmissionRequest.objects.update_or_create(pk=1, defaults={"requested_at": requested})
+    admitted: list[int] = []
+    while True:
+        with transaction.atomic():
+            if not _lock(wait=False):
+                return admitted  # the holder will see our request
+            report = _cycle(tasks)
+        _notify(report)
+        admitted.extend(report.admitted)
+        latest = AdmissionRequest.objects.filter(pk=1).values_list("requested_at", flat=True).first()
+        if latest is None or latest < report.snapshot_at:
+            return admitted
+
+
+# Called after each cycle commits, with its report (benchmarks and metrics listen here).
+cycle_listeners: list[Callable[[CycleReport], None]] = []
+
+
+def _notify(report: CycleReport) -> None:
+    for listener in cycle_listeners:
+        listener(report)

@@ -141,6 +141,16 @@ class AdmissionLock(models.Model):
         return f"admission lock (last cycle {self.last_cycle_at})"
 
 
+class AdmissionRequest(models.Model):
+    """When a cycle was last asked for; a cycle that started before it runs once more."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    requested_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"admission requested at {self.requested_at}"
+
+
 class AppendOnlyError(RuntimeError):
     pass
 
@@ -203,6 +213,8 @@ class Allocation(models.Model):
                 fields=["job", "rank"], condition=models.Q(ended_at__isnull=True), name="allocation_one_open_per_rank"
             ),
         ]
+        # Fair sharing reads the allocations that ended in the last few half-lives.
+        indexes = [models.Index(fields=["ended_at"])]
 
     def __str__(self) -> str:
         return f"job {self.job_id} rank {self.rank} on {self.device_id}"

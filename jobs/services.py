@@ -8,6 +8,7 @@ ids, so running a task twice changes nothing the second time.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import logging
@@ -380,10 +381,11 @@ def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> JobView
 
 
 def admit_queued_jobs() -> list[int]:
-    """One admission cycle (see ``jobs.admission``); returns the ids it admitted."""
-    from jobs.admission import run_admission_cycle
+    """Admission cycles until no request is left (see ``jobs.admission.admit``); returns the ids
+    this caller admitted."""
+    from jobs.admission import admit
 
-    return list(run_admission_cycle().admitted)
+    return admit()
 
 
 def run_key(job: TrainingJob) -> str:
@@ -435,7 +437,13 @@ def provision_job(job_id: int) -> bool:
         handle = backend.provision(_launch_request(job))
     except Exception as exc:
         log.exception("provisioning job %s failed", job_id)
-        finish_job(job_id, JobState.FAILED, reason=f"provisioning failed: {exc}")
+        finish_job(
+            job_id,
+            JobState.FAILED,
+            reason=f"provisioning failed: {exc}",
+            from_states=[JobState.ADMITTED],
+            attempt=job.attempt,
+        )
         return False
     with transaction.atomic():
         running = claim_transition(
@@ -463,18 +471,34 @@ def provision_job(job_id: int) -> bool:
     return running is not None
 
 
-def finish_job(job_id: int, state: str, *, reason: str = "", message: str = "") -> bool:
-    """End a job in a terminal state, closing its allocations and metering their usage."""
+def finish_job(
+    job_id: int,
+    state: str,
+    *,
+    reason: str = "",
+    message: str = "",
+    from_states: Iterable[str] = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING),
+    attempt: int | None = None,
+) -> bool:
+    """End a job in a terminal state, closing its allocations and metering their usage.
+
+    Whoever speaks for one attempt (an observer, a launcher) passes it, so that news of a preempted
+    attempt never ends the job's next one.
+    """
     from jobs import tasks
 
     if state not in TERMINAL_STATES:
         raise InvalidTransition(f"{state} is not a terminal state")
     with transaction.atomic():
+        # Lock first, then read the clock: an admission that committed just before must not have
+        # started an allocation after the moment this one ends it.
+        TrainingJob.objects.select_for_update().filter(pk=job_id).first()
         now = timezone.now()
         job = claim_transition(
             job_id,
-            [JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING],
+            from_states,
             state,
+            attempt=attempt,
             message=message or reason or state,
             data={"reason": reason} if reason else None,
             finished_at=now,
@@ -508,16 +532,25 @@ def teardown_job(job_id: int) -> None:
     job = TrainingJob.objects.filter(pk=job_id).first()
     if job is None:
         return
+    from jobs import tasks
+
     backend = get_backend()
+    freed = False
     for handle in job.pending_teardowns:
         backend.teardown(handle)
         with transaction.atomic():
             current = TrainingJob.objects.select_for_update().get(pk=job_id)
             current.pending_teardowns = [h for h in current.pending_teardowns if h != handle]
             current.save(update_fields=["pending_teardowns"])
+        freed = True
     if job.state in TERMINAL_STATES and job.torn_down_at is None and job.backend_handle:
         backend.teardown(job.backend_handle)
-        TrainingJob.objects.filter(pk=job_id, torn_down_at__isnull=True).update(torn_down_at=timezone.now())
+        freed |= bool(
+            TrainingJob.objects.filter(pk=job_id, torn_down_at__isnull=True).update(torn_down_at=timezone.now())
+        )
+    if freed:
+        # Admission holds back the devices of runs not yet confirmed gone; they are free now.
+        tasks.admit_queued_jobs.delay()
 
 
 def untorn_job_ids() -> list[int]:
@@ -535,16 +568,19 @@ def observe_job(job_id: int) -> str:
     if job.state != JobState.RUNNING or not job.backend_handle:
         return job.state
     observation = get_backend().observe(job.backend_handle)
+    # What was observed is this attempt's news only: if the job was preempted meanwhile, the claim
+    # fails and its next attempt is untouched.
+    finish = functools.partial(finish_job, job_id, from_states=[JobState.RUNNING], attempt=job.attempt)
     if observation.phase == Phase.SUCCEEDED:
-        finish_job(job_id, JobState.SUCCEEDED, message="all ranks finished")
+        finish(JobState.SUCCEEDED, message="all ranks finished")
     elif observation.phase == Phase.FAILED:
-        finish_job(job_id, JobState.FAILED, reason=observation.reason or "a rank failed")
+        finish(JobState.FAILED, reason=observation.reason or "a rank failed")
     elif observation.phase == Phase.GONE:
-        finish_job(job_id, JobState.FAILED, reason="the backend no longer knows this job")
+        finish(JobState.FAILED, reason="the backend no longer knows this job")
     elif job.last_heartbeat_at and timezone.now() - job.last_heartbeat_at > timedelta(
         seconds=settings.POLYCHIP_HEARTBEAT_TIMEOUT_S
     ):
-        finish_job(job_id, JobState.FAILED, reason=f"no heartbeat for {settings.POLYCHIP_HEARTBEAT_TIMEOUT_S:.0f} s")
+        finish(JobState.FAILED, reason=f"no heartbeat for {settings.POLYCHIP_HEARTBEAT_TIMEOUT_S:.0f} s")
     return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
 
 

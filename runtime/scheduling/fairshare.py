@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from runtime.scheduling.model import Limit
+from runtime.scheduling.model import MILLI, NAU, Limit
 
 __all__ = ["UsageInterval", "decayed_usage", "dominant_share"]
 
@@ -47,13 +47,15 @@ def dominant_share(
     weight: float,
     blend: float = 0.5,
 ) -> float:
-    """max over resources with nominal > 0 of ((1 - blend) * now + blend * history) / nominal, over weight."""
+    """max over resources of ((1 - blend) * now + blend * history) / nominal, over weight (a nominal of 0
+    counts as one unit)."""
     share = 0.0
     for resource, limit in limits.items():
-        if limit.nominal <= 0:
-            continue
         used = (1.0 - blend) * usage_now.get(resource, 0) + blend * history.get(resource, 0.0)
-        share = max(share, used / limit.nominal)
+        # A tenant with no nominal share of what it uses ranks as if its nominal were one unit (a
+        # device, or one NAU): otherwise a pure borrower would keep a share of 0 and win every time.
+        nominal = limit.nominal if limit.nominal > 0 else (MILLI if resource == NAU else 1)
+        share = max(share, used / nominal)
     if weight <= 0:
         return math.inf if share > 0 else 0.0
     return share / weight

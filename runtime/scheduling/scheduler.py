@@ -14,9 +14,10 @@ Checking a fit costs O(flavors + resources); devices are chosen only for admitte
 Preemption never touches a tenant's nominal share: only jobs admitted as ``borrowing``, from the snapshot
 (not from this cycle), whose tenant still uses more than its nominal quota, are candidates. *Reclaim*: when
 the head's tenant stays within its nominal quota, borrowing jobs of the other tenants of its cohort, at any
-priority. *Priority*: otherwise, borrowing jobs of the cohort (the head's tenant included) of strictly lower
-priority. Devices that victims free but the preempting job does not use are not handed to anyone else in the
-same cycle: they are busy until the victims stop, and the next cycle sees them free.
+priority. *Priority*: otherwise, the head's own tenant's borrowing jobs of strictly lower priority (a tenant
+cannot evict another tenant's work by the priority it names; Kueue's defaults). Devices that victims free but
+the preempting job does not use are not handed to anyone else in the same cycle: they are busy until the
+victims stop, and the next cycle sees them free.
 """
 
 from __future__ import annotations
@@ -78,12 +79,18 @@ def assign_flavors(
             return {flavor: count}
     counts: dict[str, int] = {}
     left = count
-    for flavor, rate, available, room in zip(flavors, rates, free, rooms, strict=True):
+    for index, (flavor, rate, available, room) in enumerate(zip(flavors, rates, free, rooms, strict=True)):
         take = min(available, left)
         if room is not None:
             take = min(take, room)
         if nau_room is not None and rate > 0:
             take = min(take, nau_room // rate)
+            # Leave enough NAU for the devices still to find at the cheapest rate after this flavor,
+            # or an expensive flavor taken greedily spends what a cheaper mix would have fitted in.
+            later = rates[index + 1 :]
+            cheapest = min(later) if later else None
+            if cheapest is not None and rate > cheapest:
+                take = min(take, max(0, (nau_room - left * cheapest) // (rate - cheapest)))
         if take > 0:
             counts[flavor] = take
             left -= take
@@ -342,7 +349,9 @@ class _Cycle:
                 (
                     victim
                     for owner, jobs in borrowers.items()
-                    if mode == PRIORITY or owner != tenant_id
+                    # Reclaim takes from the others; priority only from the tenant's own borrowed
+                    # work (Kueue's defaults), so no tenant can evict another's by naming a number.
+                    if (owner == tenant_id) == (mode == PRIORITY)
                     for victim in jobs
                     if mode == RECLAIM or victim.priority < job.priority
                 ),
@@ -415,12 +424,10 @@ class _Cycle:
                     rooms = None  # nothing to take: the state that just refused the job, with a tighter cap
                 else:
                     rooms = _Rooms(ledger, self.pool, tenant_id, within=True, relief=relief, freed=freed)
-            elif not total.relief and not total.freed and not own.released:
-                rooms = None
+            elif not own.relief and not own.freed and not own.released:
+                rooms = None  # priority preempts the tenant's own borrowed work only
             else:
-                rooms = _Rooms(
-                    ledger, self.pool, tenant_id, released=own.released, relief=total.relief, freed=total.freed
-                )
+                rooms = _Rooms(ledger, self.pool, tenant_id, released=own.released, relief=own.relief, freed=own.freed)
         self.rooms[key] = rooms
         return rooms
 

@@ -178,57 +178,63 @@ def simulate(
             pending[job.job_id] = job
             next_arrival += 1
 
-        snapshot = Snapshot(
-            now=now,
-            tenants=tenants,
-            pending=[
-                PendingJob(
-                    job_id=j.job_id,
-                    tenant_id=j.tenant_id,
-                    priority=j.priority,
-                    submitted_at=j.submit_s,
-                    devices=j.devices,
-                    flavors=j.flavors,
-                    job_class=j.job_class,
-                )
-                for j in pending.values()
-            ],
-            admitted=[
-                AdmittedJob(
-                    job_id=r.job.job_id,
-                    tenant_id=r.job.tenant_id,
-                    priority=r.job.priority,
-                    admitted_at=r.started_s,
-                    devices=r.admission_devices,
-                    demand=r.demand,
-                    borrowing=r.borrowing,
-                )
-                for r in running.values()
-            ],
-            free=sorted(free.values(), key=lambda d: d.device_id),
-            nau_rates=nau_rates,
-            history=history(),
-        )
-        decision = schedule(snapshot, blend=blend)
-        result.cycles += 1
-        for preemption in decision.preemptions:
-            run = stop(preemption.job_id)
-            versions[preemption.job_id] += 1
-            pending[preemption.job_id] = run.job  # no checkpoint: its work starts again
-            result.preemptions += 1
-        for admission in decision.admissions:
-            job = pending.pop(admission.job_id)
-            for device in admission.devices:
-                del free[device.device_id]
-            versions[job.job_id] += 1
-            running[job.job_id] = _Running(
-                job, admission.devices, admission.demand, admission.borrowing, now, versions[job.job_id]
+        # Teardown is instant here, so the cycle that follows an eviction runs at the same moment.
+        while True:
+            snapshot = Snapshot(
+                now=now,
+                tenants=tenants,
+                pending=[
+                    PendingJob(
+                        job_id=j.job_id,
+                        tenant_id=j.tenant_id,
+                        priority=j.priority,
+                        submitted_at=j.submit_s,
+                        devices=j.devices,
+                        flavors=j.flavors,
+                        job_class=j.job_class,
+                    )
+                    for j in pending.values()
+                ],
+                admitted=[
+                    AdmittedJob(
+                        job_id=r.job.job_id,
+                        tenant_id=r.job.tenant_id,
+                        priority=r.job.priority,
+                        admitted_at=r.started_s,
+                        devices=r.admission_devices,
+                        demand=r.demand,
+                        borrowing=r.borrowing,
+                    )
+                    for r in running.values()
+                ],
+                free=sorted(free.values(), key=lambda d: d.device_id),
+                nau_rates=nau_rates,
+                history=history(),
             )
-            for resource, amount in admission.demand.items():
-                span = _Span(now, None, float(amount))
-                intervals[(job.tenant_id, resource)].append(span)
-                open_intervals[job.job_id].append(span)
-            heapq.heappush(completions, (now + job.duration_s, job.job_id, versions[job.job_id]))
+            decision = schedule(snapshot, blend=blend)
+            result.cycles += 1
+            for preemption in decision.preemptions:
+                run = stop(preemption.job_id)
+                versions[preemption.job_id] += 1
+                pending[preemption.job_id] = run.job  # no checkpoint: its work starts again
+                result.preemptions += 1
+            for admission in decision.admissions:
+                if admission.preempts:
+                    continue  # as in production: evict now, admit in the next cycle
+                job = pending.pop(admission.job_id)
+                for device in admission.devices:
+                    del free[device.device_id]
+                versions[job.job_id] += 1
+                running[job.job_id] = _Running(
+                    job, admission.devices, admission.demand, admission.borrowing, now, versions[job.job_id]
+                )
+                for resource, amount in admission.demand.items():
+                    span = _Span(now, None, float(amount))
+                    intervals[(job.tenant_id, resource)].append(span)
+                    open_intervals[job.job_id].append(span)
+                heapq.heappush(completions, (now + job.duration_s, job.job_id, versions[job.job_id]))
+            if not decision.preemptions:
+                break
         if progress is not None:
             progress(now)
     result.end_s = now

@@ -120,7 +120,9 @@ def test_a_tenant_reclaims_its_lent_quota_by_preempting_borrowed_work(lab):
     assert job(borrower).borrowing is True
 
     owner = submit(acme, 2, name="owner")
-    assert services.admit_queued_jobs() == [owner]
+    # Evict first, admit later: the owner gets the devices in the next cycle, once they are free.
+    assert services.admit_queued_jobs() == []
+    assert job(owner).pending_reason == f"making room: preempting job {borrower}"
     preempted = job(borrower)
     assert (preempted.state, preempted.attempt, preempted.preemptions) == (JobState.QUEUED, 1, 1)
     assert not Allocation.objects.filter(job_id=borrower, ended_at__isnull=True).exists()
@@ -129,7 +131,7 @@ def test_a_tenant_reclaims_its_lent_quota_by_preempting_borrowed_work(lab):
     event = JobEvent.objects.filter(job_id=borrower, to_state=JobState.QUEUED).last()
     assert "reclaimed" in event.message and event.data["preempted_by"] == owner
     # It waits now, and says why.
-    assert services.admit_queued_jobs() == []
+    assert services.admit_queued_jobs() == [owner]
     assert job(borrower).pending_reason
 
 
@@ -144,8 +146,9 @@ def test_priority_preempts_borrowed_work_but_never_a_nominal_share(lab):
     assert (job(nominal).borrowing, job(borrowed).borrowing) == (False, True)
 
     urgent = submit(acme, 2, priority=10, name="urgent")
-    assert services.admit_queued_jobs() == [urgent]
+    assert services.admit_queued_jobs() == []
     assert job(borrowed).state == JobState.QUEUED
+    assert services.admit_queued_jobs() == [urgent]
     assert job(nominal).state == JobState.ADMITTED
 
     # Nothing of higher priority takes the nominal share: only borrowed work can be preempted.
@@ -174,6 +177,7 @@ def test_an_old_attempt_cannot_move_the_new_one(lab):
     services.admit_queued_jobs()
     submit(acme, 2)
     services.admit_queued_jobs()  # preempts the borrower: attempt 0 is over
+    services.admit_queued_jobs()  # admits acme's job on the devices it gave back
     services.finish_job(TrainingJob.objects.filter(tenant_id=acme.id).get().pk, JobState.SUCCEEDED)
     services.admit_queued_jobs()  # the borrower comes back as attempt 1
     assert (job(borrower).state, job(borrower).attempt) == (JobState.ADMITTED, 1)

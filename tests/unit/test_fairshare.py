@@ -63,8 +63,10 @@ LIMITS = {"h100": Limit(4), "a100": Limit(10), "nau": Limit(20_000), "tpu": Limi
         # History blends in: half of (now 2 + history 4) / 4.
         ({"h100": 2}, {"h100": 4.0}, 1.0, 0.5, 0.75),
         ({"h100": 2}, {"h100": 4.0}, 1.0, 1.0, 1.0),
-        # NAU is a resource like the others; a resource with nominal 0 does not count.
-        ({"nau": 15_000, "tpu": 3}, {}, 1.0, 0.0, 0.75),
+        # NAU is a resource like the others.
+        ({"nau": 15_000}, {}, 1.0, 0.0, 0.75),
+        # A resource with nominal 0 counts as if its nominal were one unit: 3 borrowed tpu weigh 3.
+        ({"nau": 15_000, "tpu": 3}, {}, 1.0, 0.0, 3.0),
         # Weight divides.
         ({"h100": 2}, {}, 2.0, 0.0, 0.25),
     ],
