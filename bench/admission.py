@@ -3,23 +3,29 @@
     python bench/admission.py [--quick]
 
 - overshoots, leaked_reservations, admission_p50_ms, admission_p99_ms: on PostgreSQL (a scratch
-  database, polychip_bench, dropped and made again), each trial starts 64 threads at a barrier;
-  each submits a job of 1, 2, 4 or 8 devices against a tenant quota of 8 through
-  ``jobs.services.submit_job`` and runs an admission cycle, as the Celery task would, and half of
-  them then finish their job if it was admitted, so that quota frees up while others admit. After a
-  trial every job is ended. An overshoot is any instant at which the tenant held more than 8
-  devices, found by a sweep over the trial's allocation intervals; a leaked reservation is an
-  allocation still open once every job has ended. Admission latency is the client's time from
-  the submit call to the end of the admission cycle it triggered (queued behind the other
-  cycles for the admission lock), whether the job was admitted or left waiting with a reason.
-- cycle_s_10k_jobs, cycle_growth_on_doubling: the pure scheduling cycle (``runtime.scheduling``)
-  over a synthetic snapshot of 10,000 pending jobs, 200 tenants in 10 cohorts and 8,000 devices of
-  6 flavors, half of them busy; then with each count doubled. Growth is the ratio of the two
-  median cycle times (2.0 would be linear).
+  database, polychip_bench, dropped and made again). Each trial starts 64 threads at a barrier;
+  each submits a job of 1, 2, 4 or 8 h100-sxm through ``jobs.services.submit_job`` and asks for
+  admission as the Celery task would (``admit_queued_jobs``: coalesced cycles under the admission
+  lock), and half of them then finish their job if it was admitted, so that quota frees up while
+  others admit. Trials alternate two scenarios: ``quota``, one tenant with a quota of 8 devices;
+  ``cohort``, two tenants of nominal 4 that may each borrow 4 from the other, one of them also
+  capped at 20 NAU (6 h100), with random priorities, so borrowing, reclaim and priority preemption
+  race too. After a trial every job is ended. An overshoot is a trial in which, at some instant,
+  a tenant held more than its cap or the cohort more than 8 devices, found by a sweep over the
+  trial's allocation intervals; a leaked reservation is an allocation still open once every job
+  has ended. Admission latency runs from the submit call to the commit of the first cycle that
+  decided the job (admitted it, or left it waiting with a reason and a place in the queue).
+- cycle_s_10k_jobs, cycle_growth_on_doubling, cycle_growth_by_count: the pure decision
+  (``runtime.scheduling.schedule``) over a synthetic snapshot of 10,000 pending jobs, 200 tenants
+  in 10 cohorts and 8,000 devices of 6 flavors, half of them busy, a third of that work borrowed;
+  then with all counts doubled, and with each doubled alone. Growth is a ratio of median times
+  (2.0 is linear). cycle_db_*: a whole cycle on PostgreSQL with 10,000 queued jobs, 200 tenants and
+  8,000 free devices (lock, snapshot, decide, apply, and every waiting job's reason and place
+  written): the first cycle admits what fits, the second finds the pool full.
 - fair_share_error_*: the simulator (``runtime.simulate``) runs a week of two tenants with equal
-  quotas in one cohort, one submitting in daily bursts and one steadily, through the same
-  scheduler; each tenant's device-hours are compared with its entitlement (max-min water-filling
-  of the pool over the demand of the moment): |got - entitled| / entitled.
+  quotas in one cohort, one submitting in daily bursts and one around the clock, through the same
+  scheduler; each tenant's device-hours are compared with its entitlement (weighted max-min
+  water-filling of the pool over the demand of the moment): |got - entitled| / entitled.
 The last line printed is one JSON object of the figures.
 """
 
@@ -35,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,27 +80,57 @@ def setup_django() -> None:
     os.environ["CELERY_BROKER_URL"] = "memory://"
     os.environ.setdefault("POLYCHIP_VAR_DIR", str(ROOT / "var" / "bench"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    import logging
+
     import django
 
     django.setup()
+    logging.getLogger("kombu").setLevel(logging.ERROR)
+    logging.getLogger("jobs").setLevel(logging.WARNING)
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
 
 
-def seed() -> int:
+@dataclass(frozen=True)
+class Scenario:
+    """Who submits, and the limits no instant may exceed: per tenant, and for the cohort."""
+
+    name: str
+    tenants: tuple[int, ...]
+    tenant_caps: dict[int, int]
+    cohort_cap: int | None
+
+
+def seed() -> tuple[Scenario, Scenario]:
+    """Scenario ``quota``: one tenant, a quota of 8 h100-sxm, no cohort (the issue's case).
+    Scenario ``cohort``: two tenants of nominal 4 each in a cohort, each may borrow up to 4 more;
+    one also has a NAU quota of 20 (an h100 is 3.170 NAU), so NAU binds before devices do; jobs
+    carry random priorities, so reclaim and priority preemption both happen under the race."""
     from django.conf import settings
 
     from jobs import services as jobs
     from runtime.inventory import NodeSpec, Pool, load_pool
-    from tenants.models import Quota
+    from tenants.models import Cohort, Quota, Tenant
     from tenants.services import ensure_tenant_with_user
 
     catalog = load_pool(settings.POLYCHIP_POOL_FILE).flavors
     jobs.sync_pool(Pool(flavors=catalog, nodes=tuple(NodeSpec(f"h100-{i}", "h100-sxm", 8) for i in range(3))))
-    tenant = ensure_tenant_with_user(slug="bench", name="Bench", username="bench", password="bench-password-1")
-    Quota.objects.update_or_create(tenant_id=tenant.id, resource="h100-sxm", defaults={"nominal": QUOTA})
-    return tenant.id
+    alone = ensure_tenant_with_user(slug="bench", name="Bench", username="bench", password="bench-password-1")
+    Quota.objects.update_or_create(tenant_id=alone.id, resource="h100-sxm", defaults={"nominal": QUOTA})
+    cohort = Cohort.objects.create(name="bench-lab")
+    pair = []
+    for slug in ("bench-x", "bench-y"):
+        ref = ensure_tenant_with_user(slug=slug, name=slug, username=slug, password="bench-password-1")
+        Tenant.objects.filter(pk=ref.id).update(cohort=cohort)
+        Quota.objects.create(tenant_id=ref.id, resource="h100-sxm", nominal=4, borrowing_limit=4)
+        pair.append(ref.id)
+    Quota.objects.create(tenant_id=pair[0], resource="nau", nominal=20)
+    return (
+        Scenario("quota", (alone.id,), {alone.id: QUOTA}, None),
+        # bench-x: 8 devices at most, but 20 NAU / 3.170 = 6 h100.
+        Scenario("cohort", tuple(pair), {pair[0]: 6, pair[1]: 8}, 8),
+    )
 
 
 def max_concurrent(intervals: list[tuple[float, float, int]]) -> int:
@@ -106,29 +143,40 @@ def max_concurrent(intervals: list[tuple[float, float, int]]) -> int:
     return peak
 
 
-def run_trials(tenant_id: int, trials: int, progress: Callable[[int], None]) -> dict[str, Any]:
+def run_trials(scenarios: tuple[Scenario, ...], trials: int, progress: Callable[[int], None]) -> dict[str, Any]:
     from django.db import connection
 
+    from jobs import admission
     from jobs import services as jobs
-    from jobs.models import Allocation, JobState, TrainingJob
+    from jobs.models import Allocation, JobEvent, JobState, TrainingJob
     from runtime.jobspec import parse_job_spec
 
     rng = random.Random(3)
-    latencies: list[float] = []
+    submitted_at: dict[int, float] = {}
+    decided_at: dict[int, float] = {}
     lock = threading.Lock()
-    overshoots = leaked = admitted_total = 0
-    peak_seen = 0
+    overshoots = leaked = admitted_total = preempted_total = 0
+    peaks: dict[str, int] = {}
 
-    def client(size: int, finish: bool, barrier: threading.Barrier) -> None:
-        spec = parse_job_spec({"name": f"bench-{size}", "devices": size, "flavors": ["h100-sxm"]})
+    def on_cycle(report: Any) -> None:
+        # The cycle has committed: every job it considered has its decision (admitted, or waiting
+        # with a reason and a place in the queue).
+        now = time.perf_counter()
+        with lock:
+            for job_id in report.decided:
+                decided_at.setdefault(job_id, now)
+
+    admission.cycle_listeners.append(on_cycle)
+
+    def client(tenant_id: int, size: int, priority: int, finish: bool, barrier: threading.Barrier) -> None:
+        spec = parse_job_spec({"name": f"bench-{size}", "devices": size, "flavors": ["h100-sxm"], "priority": priority})
         barrier.wait()
         started = time.perf_counter()
         job = jobs.submit_job(tenant_id=tenant_id, user_id=None, spec=spec)
-        jobs.admit_queued_jobs()
-        elapsed = time.perf_counter() - started
         with lock:
-            latencies.append(elapsed)
-        if finish:
+            submitted_at[job.id] = started
+        jobs.admit_queued_jobs()
+        if finish and TrainingJob.objects.filter(pk=job.id, state=JobState.ADMITTED).exists():
             jobs.finish_job(job.id, JobState.SUCCEEDED, message="bench: done")
 
     def end_everything() -> None:
@@ -139,32 +187,57 @@ def run_trials(tenant_id: int, trials: int, progress: Callable[[int], None]) -> 
 
     with ThreadPoolExecutor(max_workers=CONCURRENCY) as pool:
         for trial in range(trials):
+            scenario = scenarios[trial % len(scenarios)]
             since = TrainingJob.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
             barrier = threading.Barrier(CONCURRENCY)
-            futures = [pool.submit(client, rng.choice(SIZES), rng.random() < 0.5, barrier) for _ in range(CONCURRENCY)]
+            futures = [
+                pool.submit(
+                    client,
+                    rng.choice(scenario.tenants),
+                    rng.choice(SIZES),
+                    rng.choice((0, 0, 5)),
+                    rng.random() < 0.5,
+                    barrier,
+                )
+                for _ in range(CONCURRENCY)
+            ]
             for future in futures:
                 future.result()
             end_everything()
             leaked += Allocation.objects.filter(ended_at__isnull=True).count()
-            spans = [
-                (a.started_at.timestamp(), a.ended_at.timestamp(), 1)
-                for a in Allocation.objects.filter(job_id__gt=since)
-            ]
-            peak = max_concurrent(spans)
-            peak_seen = max(peak_seen, peak)
-            overshoots += peak > QUOTA
-            admitted_total += TrainingJob.objects.filter(pk__gt=since, admitted_at__isnull=False).count()
+            spans: dict[int, list[tuple[float, float, int]]] = {t: [] for t in scenario.tenants}
+            for tenant_id, started_at, ended_at in Allocation.objects.filter(job_id__gt=since).values_list(
+                "job__tenant_id", "started_at", "ended_at"
+            ):
+                spans[tenant_id].append((started_at.timestamp(), ended_at.timestamp(), 1))
+            over = False
+            for tenant_id, cap in scenario.tenant_caps.items():
+                peak = max_concurrent(spans[tenant_id])
+                peaks[f"{scenario.name}:{tenant_id}"] = max(peaks.get(f"{scenario.name}:{tenant_id}", 0), peak)
+                over |= peak > cap
+            if scenario.cohort_cap is not None:
+                peak = max_concurrent([s for tenant_spans in spans.values() for s in tenant_spans])
+                peaks[f"{scenario.name}:cohort"] = max(peaks.get(f"{scenario.name}:cohort", 0), peak)
+                over |= peak > scenario.cohort_cap
+            overshoots += over
+            admitted_total += JobEvent.objects.filter(job_id__gt=since, to_state=JobState.ADMITTED).count()
+            preempted_total += sum(TrainingJob.objects.filter(pk__gt=since).values_list("preemptions", flat=True))
             progress(trial + 1)
         pool.map(lambda _: connection.close(), range(CONCURRENCY))
+    admission.cycle_listeners.remove(on_cycle)
+    latencies = [decided_at[j] - submitted_at[j] for j in submitted_at if j in decided_at]
     return {
         "trials": trials,
         "overshoots": overshoots,
         "leaked_reservations": leaked,
         "admission_p50_ms": round(statistics.median(latencies) * 1000, 2),
         "admission_p99_ms": round(percentile(latencies, 99) * 1000, 2),
-        "peak_devices_held": peak_seen,
-        "jobs_admitted": admitted_total,
+        "admission_latency_samples": len(latencies),
+        "jobs_never_decided": len(submitted_at) - len(latencies),
+        "peak_devices_held": peaks,
         "jobs_submitted": trials * CONCURRENCY,
+        "admissions": admitted_total,
+        "preemptions": preempted_total,
     }
 
 
@@ -207,7 +280,9 @@ def synthetic_snapshot(jobs: int, tenants: int, devices: int, seed: int = 11) ->
             demand["nau"] = demand.get("nau", 0) + rates[("synthetic-mlp", d.flavor)]
         job_id += 1
         admitted.append(
-            AdmittedJob(job_id, rng.randrange(tenants), rng.choice((0, 0, 5)), 0.0, tuple(held), demand, False)
+            AdmittedJob(
+                job_id, rng.randrange(tenants), rng.choice((0, 0, 5)), 0.0, tuple(held), demand, rng.random() < 0.33
+            )
         )
     pending = [
         PendingJob(
@@ -221,32 +296,105 @@ def synthetic_snapshot(jobs: int, tenants: int, devices: int, seed: int = 11) ->
         )
         for i in range(jobs)
     ]
-    return Snapshot(now=float(jobs), tenants=quotas, pending=pending, admitted=admitted, free=free, nau_rates=rates)
+    history = {t: {"nau": rng.uniform(0, nominal_devices * 1500)} for t in range(tenants)}
+    return Snapshot(
+        now=float(jobs), tenants=quotas, pending=pending, admitted=admitted, free=free, nau_rates=rates, history=history
+    )
 
 
 def cycle_times(trials: int) -> dict[str, Any]:
+    """The pure decision, median of ``trials``, at the base size and with each count doubled."""
     from runtime.scheduling import schedule
 
-    def median_cycle(scale: int) -> tuple[float, int]:
-        snapshot = synthetic_snapshot(10_000 * scale, 200 * scale, 8_000 * scale)
+    def median_cycle(jobs: int, tenants: int, devices: int) -> tuple[float, int, int]:
+        snapshot = synthetic_snapshot(jobs, tenants, devices)
         times = []
-        admitted = 0
         for _ in range(trials):
             started = time.perf_counter()
             result = schedule(snapshot)
             times.append(time.perf_counter() - started)
-            admitted = len(result.admissions)
-        return statistics.median(times), admitted
+        return statistics.median(times), len(result.admissions), len(result.preemptions)
 
-    base, admitted = median_cycle(1)
-    doubled, admitted_doubled = median_cycle(2)
+    base, admitted, preempted = median_cycle(10_000, 200, 8_000)
+    growth = {
+        "jobs": median_cycle(20_000, 200, 8_000)[0] / base,
+        "tenants": median_cycle(10_000, 400, 8_000)[0] / base,
+        "devices": median_cycle(10_000, 200, 16_000)[0] / base,
+    }
+    doubled, _, _ = median_cycle(20_000, 400, 16_000)
     return {
         "cycle_s_10k_jobs": round(base, 4),
-        "cycle_s_20k_jobs": round(doubled, 4),
         "cycle_growth_on_doubling": round(doubled / base, 3),
+        "cycle_growth_by_count": {k: round(v, 3) for k, v in growth.items()},
         "cycle_admitted_10k": admitted,
-        "cycle_admitted_20k": admitted_doubled,
+        "cycle_preempted_10k": preempted,
     }
+
+
+def db_cycle(jobs: int = 10_000, tenants: int = 200, devices: int = 8_000) -> dict[str, Any]:
+    """A whole cycle on PostgreSQL (lock, snapshot, decide, apply, record every waiting job's reason
+    and place) with ``jobs`` queued for ``tenants`` on ``devices`` free devices of 6 flavors: the
+    first cycle admits what fits, the second finds the pool full and only re-decides the rest."""
+    from decimal import Decimal
+
+    from jobs import admission
+    from jobs.models import Device, Flavor, JobState, Node, TrainingJob
+    from tenants.models import Cohort, Quota, Tenant
+
+    rng = random.Random(13)
+    peaks = dict(zip(FLAVORS, (989, 312, 320, 275, 1307, 125), strict=True))
+    flavor_rows = {
+        name: Flavor.objects.update_or_create(
+            name=name,
+            defaults={
+                "vendor": "bench",
+                "kind": "gpu",
+                "model": name,
+                "peak_bf16_tflops": peak,
+                "memory_gib": 80,
+                "interconnect": "bench",
+                "interconnect_gbps": 100,
+                "torch_device_type": "cpu",
+                "collective_backend": "gloo",
+            },
+        )[0]
+        for name, peak in peaks.items()
+    }
+    Device.objects.filter(node__name__startswith="h100-").delete()  # the concurrency trials' pool
+    nodes = Node.objects.bulk_create(
+        Node(name=f"scale-{n}", flavor=flavor_rows[FLAVORS[n % len(FLAVORS)]]) for n in range(devices // 8)
+    )
+    Device.objects.bulk_create(
+        Device(device_id=f"{node.name}/{i}", node=node, flavor=node.flavor, index=i) for node in nodes for i in range(8)
+    )
+    cohorts = [Cohort.objects.create(name=f"scale-{c}") for c in range(max(1, tenants // 20))]
+    tenant_rows = Tenant.objects.bulk_create(
+        Tenant(slug=f"scale-{t}", name=f"scale {t}", cohort=cohorts[t % len(cohorts)]) for t in range(tenants)
+    )
+    per_tenant = devices // tenants
+    Quota.objects.bulk_create(
+        Quota(tenant=t, resource="nau", nominal=Decimal(per_tenant * 1.5), borrowing_limit=Decimal(per_tenant * 1.5))
+        for t in tenant_rows
+    )
+    TrainingJob.objects.bulk_create(
+        TrainingJob(
+            tenant=rng.choice(tenant_rows),
+            name="scale",
+            state=JobState.QUEUED,
+            priority=rng.choice((0, 0, 0, 5, 10)),
+            spec={"devices": rng.choice((1, 2, 4, 8, 16)), "flavors": rng.sample(FLAVORS, rng.randint(1, 3))},
+            total_steps=100,
+        )
+        for _ in range(jobs)
+    )
+    figures: dict[str, Any] = {}
+    for label in ("first", "steady"):
+        started = time.perf_counter()
+        report = admission.run_admission_cycle()
+        figures[f"cycle_db_{label}_s"] = round(time.perf_counter() - started, 3)
+        figures[f"cycle_db_{label}_decide_s"] = round(report.decide_s, 3)
+        figures[f"cycle_db_{label}_admitted"] = len(report.admitted)
+    return figures
 
 
 # --- fairness over a simulated week (pure) --------------------------------------------------------
@@ -329,8 +477,10 @@ def main() -> None:
     print(f"fairness over a simulated week: {fair}")
 
     setup_django()
-    tenant_id = seed()
-    figures.update(run_trials(tenant_id, trials, bar("concurrency trials", trials)))
+    scenarios = seed()
+    figures.update(run_trials(scenarios, trials, bar("concurrency trials", trials)))
+    print("a whole cycle on PostgreSQL with 10,000 queued jobs, 200 tenants and 8,000 devices …", flush=True)
+    figures.update(db_cycle())
     figures.update(cycles)
     figures.update(fair)
     print(json.dumps(figures))

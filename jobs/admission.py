@@ -399,6 +399,8 @@ def admit() -> list[int]:
     """
     from jobs import tasks
 
+    if not TrainingJob.objects.filter(state=JobState.QUEUED).exists():
+        return []  # nothing waits: the sweep's request every second costs one indexed read
     requested = timezone.now()
     if not AdmissionRequest.objects.filter(pk=1).update(requested_at=requested):
         AdmissionRequest.objects.update_or_create(pk=1, defaults={"requested_at": requested})

@@ -248,10 +248,11 @@ def create_token(
     scopes: Sequence[str],
     expires_at: datetime | None = None,
     within: Collection[str] | None = None,
+    parent_expires_at: datetime | None = None,
 ) -> NewToken:
     """Issue a token for a member of the tenant. It may be given only scopes that the member's
-    role grants and, when the request came with a token, that this token holds (``within``):
-    a token never mints a stronger one."""
+    role grants and, when the request came with a token, that this token holds (``within``), and
+    it may not outlive that token (``parent_expires_at``): a token never mints a stronger one."""
     members = Membership.scoped.for_tenant(tenant_id).select_related("tenant", "user")
     membership = members.filter(user_id=user_id).first()
     if membership is None:
@@ -269,6 +270,12 @@ def create_token(
         )
     if expires_at is not None and expires_at <= timezone.now():
         raise InvalidInput("expires_at", "must be in the future")
+    if parent_expires_at is not None and (expires_at is None or expires_at > parent_expires_at):
+        raise InvalidInput(
+            "expires_at",
+            f"the token making this request expires at {parent_expires_at.isoformat()}; "
+            "a token it issues must expire no later",
+        )
     token, secret = _mint(
         tenant=membership.tenant, user=membership.user, name=name, scopes=scopes, expires_at=expires_at
     )

@@ -23,6 +23,7 @@ from controlplane.errors import error_response
 from tenants import services
 from tenants.api import parsing
 from tenants.contracts import CohortView, QuotaView, TenantView, TokenView
+from tenants.models import ApiToken
 from tenants.permissions import MANAGE, IsOperator, request_access, scope_required
 from tenants.quota_rules import amount_text
 
@@ -132,6 +133,7 @@ class TokenListView(_JsonView):
                 scopes=wanted.scopes,
                 expires_at=wanted.expires_at,
                 within=access.scopes if access.via_token else None,
+                parent_expires_at=request.auth.expires_at if isinstance(request.auth, ApiToken) else None,
             ),
             lambda new: Response(
                 {**token_json(new.token), "secret": new.secret},

@@ -140,6 +140,25 @@ def test_an_explicit_expiry_is_kept(tenants):
     assert ApiToken.objects.get(pk=response.json()["id"]).expires_at == at
 
 
+def test_a_token_cannot_mint_one_that_outlives_it(tenants):
+    acme = tenants[0]
+    parent_expiry = timezone.now() + timedelta(days=1)
+    parent = services.issue_token(
+        tenant_id=acme.id, username=acme.username, name="ci-parent", scopes=ALL, expires_at=parent_expiry
+    )
+    client = bearer(parent.secret)
+    before = ApiToken.objects.count()
+    for body in ({"name": "child", "scopes": ["read"]}, {"name": "child", "scopes": ["read"], "expires_in_days": 2}):
+        refused(client.post("/api/v1/tokens", body, format="json"), 400, "expires_at")
+    assert ApiToken.objects.count() == before
+    ok = client.post(
+        "/api/v1/tokens",
+        {"name": "child", "scopes": ["read"], "expires_at": (parent_expiry - timedelta(hours=1)).isoformat()},
+        format="json",
+    )
+    assert ok.status_code == 201, ok.content
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
