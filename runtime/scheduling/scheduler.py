@@ -246,6 +246,29 @@ class _Cycle:
         )
 
     def run(self) -> CycleResult:
+        # Kueue's order: first every job that fits its tenant's nominal quota, then the jobs that
+        # would borrow, each pass in fair-share order. So capacity a tenant is owed is never lent
+        # to another in the same cycle, not even when the owed job waits behind its own tenant's
+        # larger head (which would otherwise lend it away, and reclaim it the cycle after).
+        would_borrow: dict[int, list[PendingJob]] = defaultdict(list)
+        self._pass(would_borrow)
+        self.queues = dict(would_borrow)
+        self.cursor = dict.fromkeys(self.queues, 0)
+        self._pass(None)
+        order = {job.job_id: queue_order(job) for job in self.snapshot.pending}
+        waiting = tuple(
+            Waiting(job_id=job_id, reason=reason, position=position)
+            for tenant_id in sorted(self.waiting)
+            for position, (job_id, reason) in enumerate(
+                sorted(self.waiting[tenant_id], key=lambda item: order[item[0]]), start=1
+            )
+        )
+        return CycleResult(admissions=tuple(self.admissions), preemptions=tuple(self.preemptions), waiting=waiting)
+
+    def _pass(self, would_borrow: dict[int, list[PendingJob]] | None) -> None:
+        """Decide the queued jobs in fair-share order; with ``would_borrow``, only those that fit
+        their tenant's nominal quota now, setting the others aside there in queue order."""
+        self.heap = []
         for tenant_id in sorted(self.queues):
             self._push(tenant_id)
         while self.heap:
@@ -254,16 +277,15 @@ class _Cycle:
                 continue  # stale: the tenant's usage or head changed since
             job = self.queues[tenant_id][self.cursor[tenant_id]]
             self.cursor[tenant_id] += 1
+            if would_borrow is not None and not self._fits_nominal(job):
+                # Its tenant's usage only grows in this pass, so it would not fit later either.
+                would_borrow[tenant_id].append(job)
+                self._push(tenant_id)
+                continue
             touched = self._decide(job)
             self._push(tenant_id)
             for other in sorted(touched - {tenant_id}):
                 self._push(other)
-        waiting = tuple(
-            Waiting(job_id=job_id, reason=reason, position=position)
-            for tenant_id in sorted(self.waiting)
-            for position, (job_id, reason) in enumerate(self.waiting[tenant_id], start=1)
-        )
-        return CycleResult(admissions=tuple(self.admissions), preemptions=tuple(self.preemptions), waiting=waiting)
 
     # --- decisions -------------------------------------------------------------------------------------
 

@@ -29,6 +29,10 @@ from runtime.scheduling import (
 )
 
 
+# Evictions at one instant settle in a cycle or two; more means jobs preempt each other in a loop.
+MAX_CYCLES_PER_INSTANT = 20
+
+
 @dataclass(frozen=True)
 class TraceJob:
     job_id: int
@@ -179,7 +183,9 @@ def simulate(
             next_arrival += 1
 
         # Teardown is instant here, so the cycle that follows an eviction runs at the same moment.
-        while True:
+        for repeat in range(MAX_CYCLES_PER_INSTANT + 1):
+            if repeat == MAX_CYCLES_PER_INSTANT:
+                raise RuntimeError(f"at t={now:.0f} s the scheduler kept preempting: a preemption loop")
             snapshot = Snapshot(
                 now=now,
                 tenants=tenants,
