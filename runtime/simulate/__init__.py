@@ -28,7 +28,6 @@ from runtime.scheduling import (
     schedule,
 )
 
-
 # Evictions at one instant settle in a cycle or two; more means jobs preempt each other in a loop.
 MAX_CYCLES_PER_INSTANT = 20
 
