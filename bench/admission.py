@@ -338,7 +338,7 @@ def db_cycle(jobs: int = 10_000, tenants: int = 200, devices: int = 8_000) -> di
     from decimal import Decimal
 
     from jobs import admission
-    from jobs.models import Device, Flavor, JobState, Node, TrainingJob
+    from jobs.models import Device, DeviceHealth, Flavor, JobState, Node, TrainingJob
     from tenants.models import Cohort, Quota, Tenant
 
     rng = random.Random(13)
@@ -360,7 +360,8 @@ def db_cycle(jobs: int = 10_000, tenants: int = 200, devices: int = 8_000) -> di
         )[0]
         for name, peak in peaks.items()
     }
-    Device.objects.filter(node__name__startswith="h100-").delete()  # the concurrency trials' pool
+    # The concurrency trials' pool leaves the count: cordoned devices are never placed on.
+    Device.objects.filter(node__name__startswith="h100-").update(health=DeviceHealth.CORDONED)
     nodes = Node.objects.bulk_create(
         Node(name=f"scale-{n}", flavor=flavor_rows[FLAVORS[n % len(FLAVORS)]]) for n in range(devices // 8)
     )

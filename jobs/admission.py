@@ -21,7 +21,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -264,17 +264,61 @@ def _preempt(preemption: Preemption, now: datetime) -> bool:
     return True
 
 
-def _admit(admission: Admission, now: datetime) -> bool:
-    from jobs import services, tasks
+def _admit_all(admissions: Iterable[Admission], now: datetime) -> tuple[list[int], list[int]]:
+    """Claim the decided jobs and give them their devices: (admitted ids, ids whose claim failed).
 
-    try:
-        with transaction.atomic():  # a savepoint: a lost device race undoes only this job
-            flavors = list(dict.fromkeys(d.flavor for d in admission.devices))
-            nau = admission.demand.get(NAU, 0) / MILLI
-            claimed = services.claim_transition(
-                admission.job_id,
-                [JobState.QUEUED],
-                JobState.ADMITTED,
+    The rows are locked in id order, so a cancel that races waits or wins cleanly; each claim is
+    still a conditional UPDATE. Events and allocations go in two bulk inserts. Under the admission
+    lock nobody else creates allocations, so the unique index on open allocations is a last guard
+    that, if it ever fired, would undo the whole cycle rather than part of it.
+    """
+    from jobs import tasks
+
+    admissions = list(admissions)
+    if not admissions:
+        return [], []
+    locked = {
+        job.pk: job
+        for job in TrainingJob.objects.select_for_update()
+        .filter(pk__in=[a.job_id for a in admissions])
+        .order_by("pk")
+        .only("pk", "state", "tenant_id")
+    }
+    devices = {
+        d.device_id: d
+        for d in Device.objects.filter(device_id__in=[p.device_id for a in admissions for p in a.devices])
+    }
+    admitted: list[int] = []
+    requeued: list[int] = []
+    events: list[JobEvent] = []
+    allocations: list[Allocation] = []
+    for admission in admissions:
+        job = locked.get(admission.job_id)
+        won = (
+            job is not None
+            and job.state == JobState.QUEUED
+            and TrainingJob.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+                state=JobState.ADMITTED,
+                state_changed_at=now,
+                admitted_at=now,
+                pending_reason="",
+                demand=dict(admission.demand),
+                borrowing=admission.borrowing,
+            )
+            == 1
+        )
+        if not won or job is None:
+            requeued.append(admission.job_id)
+            continue
+        flavors = list(dict.fromkeys(d.flavor for d in admission.devices))
+        nau = admission.demand.get(NAU, 0) / MILLI
+        events.append(
+            JobEvent(
+                job_id=job.pk,
+                tenant_id=job.tenant_id,
+                kind=JobEvent.Kind.TRANSITION,
+                from_state=JobState.QUEUED,
+                to_state=JobState.ADMITTED,
                 message=(
                     f"admitted on {len(admission.devices)} devices: {', '.join(flavors)} ({nau:.3f} NAU"
                     + (", borrowed from the cohort)" if admission.borrowing else ")")
@@ -284,42 +328,30 @@ def _admit(admission: Admission, now: datetime) -> bool:
                     "flavors": flavors,
                     "demand": dict(admission.demand),
                     "borrowing": admission.borrowing,
-                    "preempted": list(admission.preempts),
                 },
-                admitted_at=now,
-                pending_reason="",
-                queue_position=None,
-                demand=dict(admission.demand),
-                borrowing=admission.borrowing,
             )
-            if claimed is None:
-                return False
-            devices = {
-                d.device_id: d for d in Device.objects.filter(device_id__in=[p.device_id for p in admission.devices])
-            }
-            Allocation.objects.bulk_create(
-                Allocation(job=claimed, device=devices[p.device_id], rank=rank, started_at=now)
-                for rank, p in enumerate(admission.devices)
-            )
-    except IntegrityError:
-        log.info("admission of job %s lost a device race; the next cycle decides again", admission.job_id)
-        return False
-    transaction.on_commit(functools.partial(tasks.provision_job.delay, admission.job_id), robust=True)
-    return True
+        )
+        allocations.extend(
+            Allocation(job_id=job.pk, device=devices[p.device_id], rank=rank, started_at=now)
+            for rank, p in enumerate(admission.devices)
+        )
+        admitted.append(job.pk)
+        transaction.on_commit(functools.partial(tasks.provision_job.delay, job.pk), robust=True)
+    JobEvent.objects.bulk_create(events)
+    Allocation.objects.bulk_create(allocations)
+    return admitted, requeued
 
 
-def _record_waiting(waiting: Iterable[tuple[int, str, int]]) -> int:
-    wanted = {job_id: (reason[:500], position) for job_id, reason, position in waiting}
-    current = TrainingJob.objects.filter(pk__in=wanted, state=JobState.QUEUED).only(
-        "pk", "pending_reason", "queue_position"
-    )
-    changed = []
-    for job in current:
-        reason, position = wanted[job.pk]
-        if job.pending_reason != reason or job.queue_position != position:
-            job.pending_reason, job.queue_position = reason, position
-            changed.append(job)
-    TrainingJob.objects.bulk_update(changed, ["pending_reason", "queue_position"], batch_size=500)
+def _record_waiting(waiting: Iterable[tuple[int, str]]) -> int:
+    """Write each waiting job's reason: one UPDATE per distinct reason that changed."""
+    wanted = {job_id: reason[:500] for job_id, reason in waiting}
+    current = dict(TrainingJob.objects.filter(pk__in=wanted, state=JobState.QUEUED).values_list("pk", "pending_reason"))
+    by_reason: dict[str, list[int]] = defaultdict(list)
+    for job_id, reason in wanted.items():
+        if job_id in current and current[job_id] != reason:
+            by_reason[reason].append(job_id)
+    for reason, job_ids in by_reason.items():
+        TrainingJob.objects.filter(pk__in=job_ids, state=JobState.QUEUED).update(pending_reason=reason)
     return len(wanted)
 
 
@@ -349,20 +381,15 @@ def _cycle(tasks: Any) -> CycleReport:
     decide_s = time.perf_counter() - started
 
     preempted = [p.job_id for p in result.preemptions if _preempt(p, now)]
-    admitted: list[int] = []
-    requeued: list[int] = []
-    making_room: list[tuple[int, str, int]] = []
+    making_room: list[tuple[int, str]] = []
     for admission in result.admissions:
         if admission.preempts:
             # Evict first, admit later (as Kueue does): the victims' devices are free only once
             # the backend confirms their runs stopped, and a later cycle admits this job.
             victims = ", ".join(str(v) for v in admission.preempts)
-            making_room.append((admission.job_id, f"making room: preempting job {victims}", 1))
-        elif _admit(admission, now):
-            admitted.append(admission.job_id)
-        else:
-            requeued.append(admission.job_id)
-    waiting = _record_waiting([*making_room, *((w.job_id, w.reason, w.position) for w in result.waiting)])
+            making_room.append((admission.job_id, f"making room: preempting job {victims}"))
+    admitted, requeued = _admit_all((a for a in result.admissions if not a.preempts), now)
+    waiting = _record_waiting([*making_room, *((w.job_id, w.reason) for w in result.waiting)])
     if making_room:
         transaction.on_commit(tasks.admit_queued_jobs.delay, robust=True)
     AdmissionLock.objects.filter(pk=1).update(last_cycle_at=now)

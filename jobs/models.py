@@ -72,8 +72,6 @@ class TrainingJob(models.Model):
     spec = models.JSONField()
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
     pending_reason = models.CharField(max_length=500, blank=True)
-    # Place in its tenant's queue (1 = next), written by the admission cycle while queued.
-    queue_position = models.PositiveIntegerField(null=True, blank=True)
     priority = models.IntegerField(default=0)
     # What kind of work it is, for the throughput matrix that prices it in NAU.
     job_class = models.CharField(max_length=63, default="synthetic-mlp")

@@ -81,7 +81,17 @@ def _device_views(job: TrainingJob) -> tuple[DeviceView, ...]:
     )
 
 
-def to_view(job: TrainingJob) -> JobView:
+QUEUE_ORDER = ("-priority", "created_at", "pk")  # as the scheduler orders a tenant's queue
+
+
+def queue_positions(tenant_id: int) -> dict[int, int]:
+    """Each waiting job's place in its tenant's queue (1 = next), in the order admission considers
+    them; computed when read, so a cycle never rewrites thousands of rows to shift them by one."""
+    queued = TrainingJob.scoped.for_tenant(tenant_id).filter(state=JobState.QUEUED).order_by(*QUEUE_ORDER)
+    return {job_id: place for place, job_id in enumerate(queued.values_list("pk", flat=True), start=1)}
+
+
+def to_view(job: TrainingJob, *, position: int | None = None) -> JobView:
     return JobView(
         id=job.pk,
         tenant_id=job.tenant_id,
@@ -104,7 +114,7 @@ def to_view(job: TrainingJob) -> JobView:
         artifact_path=job.artifact_path,
         devices=_device_views(job),
         priority=job.priority,
-        queue_position=job.queue_position,
+        queue_position=position if job.state == JobState.QUEUED else None,
         demand=dict(job.demand),
         borrowing=job.borrowing,
         attempt=job.attempt,
@@ -116,7 +126,8 @@ def get_job(*, tenant_id: int, job_id: int) -> JobView:
     job = TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).prefetch_related(*ALLOCATION_DEVICES).first()
     if job is None:
         raise JobNotFound(job_id)
-    return to_view(job)
+    position = queue_positions(tenant_id).get(job.pk) if job.state == JobState.QUEUED else None
+    return to_view(job, position=position)
 
 
 def list_jobs(*, tenant_id: int, limit: int = 100) -> list[JobView]:
@@ -125,7 +136,8 @@ def list_jobs(*, tenant_id: int, limit: int = 100) -> list[JobView]:
         .prefetch_related(*ALLOCATION_DEVICES)
         .order_by("-created_at", "-pk")[:limit]
     )
-    return [to_view(job) for job in jobs]
+    positions = queue_positions(tenant_id)
+    return [to_view(job, position=positions.get(job.pk)) for job in jobs]
 
 
 def event_view(event: JobEvent) -> EventView:
@@ -227,21 +239,17 @@ def quota_usage(*, tenant_id: int) -> list[QuotaUsageView]:
 
 def queue(*, tenant_id: int, limit: int = 500) -> list[QueuedJobView]:
     """The tenant's waiting jobs in the order admission considers them, with place and reason."""
-    jobs = (
-        TrainingJob.scoped.for_tenant(tenant_id)
-        .filter(state=JobState.QUEUED)
-        .order_by("-priority", "created_at", "pk")[:limit]
-    )
+    jobs = TrainingJob.scoped.for_tenant(tenant_id).filter(state=JobState.QUEUED).order_by(*QUEUE_ORDER)[:limit]
     return [
         QueuedJobView(
             id=job.pk,
             name=job.name,
             priority=job.priority,
-            position=job.queue_position,
+            position=place,
             reason=job.pending_reason or "waiting for the next admission cycle",
             submitted_at=job.created_at,
         )
-        for job in jobs
+        for place, job in enumerate(jobs, start=1)
     ]
 
 
@@ -503,7 +511,6 @@ def finish_job(
             data={"reason": reason} if reason else None,
             finished_at=now,
             failure_reason=reason,
-            queue_position=None,
         )
         if job is None:
             return False

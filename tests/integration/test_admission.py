@@ -62,11 +62,14 @@ def test_a_device_quota_caps_the_tenant_and_says_why(lab):
     waiting = job(second)
     assert waiting.state == JobState.QUEUED
     assert "2 of 2 ascend-910b in use by your tenant" in waiting.pending_reason
-    assert (waiting.queue_position, job(third).queue_position) == (1, 2)
+    positions = services.queue_positions(acme.id)
+    assert (positions[second], positions[third]) == (1, 2)
+    assert services.get_job(tenant_id=acme.id, job_id=third).queue_position == 2
 
     services.finish_job(first, JobState.SUCCEEDED)
     assert services.admit_queued_jobs() == [second, third]
-    assert job(second).queue_position is None and job(second).pending_reason == ""
+    assert services.get_job(tenant_id=acme.id, job_id=second).queue_position is None
+    assert job(second).pending_reason == ""
 
 
 def test_no_quota_for_a_flavor_means_no_admission(lab):
