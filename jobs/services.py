@@ -91,6 +91,19 @@ def queue_positions(tenant_id: int) -> dict[int, int]:
     return {job_id: place for place, job_id in enumerate(queued.values_list("pk", flat=True), start=1)}
 
 
+def queue_position(job: TrainingJob) -> int:
+    """One waiting job's place, by counting who is ahead of it (the push relay asks this per event,
+    so it must not read the whole queue)."""
+    same = Q(priority=job.priority)
+    ahead = (
+        Q(priority__gt=job.priority)
+        | (same & Q(created_at__lt=job.created_at))
+        | (same & Q(created_at=job.created_at, pk__lt=job.pk))
+    )
+    queued = TrainingJob.scoped.for_tenant(job.tenant_id).filter(state=JobState.QUEUED)
+    return queued.filter(ahead).count() + 1
+
+
 def to_view(job: TrainingJob, *, position: int | None = None) -> JobView:
     return JobView(
         id=job.pk,
@@ -126,8 +139,7 @@ def get_job(*, tenant_id: int, job_id: int) -> JobView:
     job = TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).prefetch_related(*ALLOCATION_DEVICES).first()
     if job is None:
         raise JobNotFound(job_id)
-    position = queue_positions(tenant_id).get(job.pk) if job.state == JobState.QUEUED else None
-    return to_view(job, position=position)
+    return to_view(job, position=queue_position(job) if job.state == JobState.QUEUED else None)
 
 
 def list_jobs(*, tenant_id: int, limit: int = 100) -> list[JobView]:

@@ -65,6 +65,11 @@ def test_a_device_quota_caps_the_tenant_and_says_why(lab):
     positions = services.queue_positions(acme.id)
     assert (positions[second], positions[third]) == (1, 2)
     assert services.get_job(tenant_id=acme.id, job_id=third).queue_position == 2
+    urgent = submit(acme, 1, priority=5, name="urgent")  # jumps the queue
+    positions = services.queue_positions(acme.id)
+    assert positions[urgent] == 1
+    assert all(services.get_job(tenant_id=acme.id, job_id=j).queue_position == p for j, p in positions.items())
+    services.cancel_job(tenant_id=acme.id, job_id=urgent)
 
     services.finish_job(first, JobState.SUCCEEDED)
     assert services.admit_queued_jobs() == [second, third]
