@@ -21,7 +21,16 @@ from runtime.scheduling.model import (
     TenantQuota,
     Waiting,
 )
-from runtime.scheduling.placement import FreeDevice, FreePool, GangRequest, Placement, Refusal, place_gang
+from runtime.scheduling.placement import (
+    FreeDevice,
+    FreePool,
+    GangRequest,
+    NodeDistance,
+    Placement,
+    Refusal,
+    choose_devices,
+    place_gang,
+)
 from runtime.scheduling.quota import QuotaLedger, demand_for
 from runtime.scheduling.scheduler import schedule
 
@@ -35,6 +44,7 @@ __all__ = [
     "FreePool",
     "GangRequest",
     "Limit",
+    "NodeDistance",
     "PendingJob",
     "Placement",
     "Preemption",
@@ -44,6 +54,7 @@ __all__ = [
     "TenantQuota",
     "UsageInterval",
     "Waiting",
+    "choose_devices",
     "decayed_usage",
     "demand_for",
     "dominant_share",

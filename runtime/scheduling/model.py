@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from runtime.scheduling.placement import FreeDevice
+from runtime.scheduling.placement import FreeDevice, NodeDistance
 
 NAU = "nau"
 MILLI = 1000
@@ -78,6 +78,9 @@ class Snapshot:
     # Decayed historical usage per tenant and resource, already normalized to "average amount in
     # use" (see fairshare), for fair sharing.
     history: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+    # Hops between two nodes by name (runtime.inventory.Fabric.hops): devices are then chosen by
+    # topology (placement.choose_devices); None keeps the fewest-nodes packing.
+    distance: NodeDistance | None = None
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ class _Cycle:
         self.ledger = QuotaLedger.from_snapshot(snapshot)
         # A device listed as free but held by a running job is taken as held: never handed out twice.
         held = {device.device_id for job in snapshot.admitted for device in job.devices}
-        self.pool = FreePool(device for device in snapshot.free if device.device_id not in held)
+        self.pool = FreePool((d for d in snapshot.free if d.device_id not in held), distance=snapshot.distance)
         queues: dict[int, list[PendingJob]] = defaultdict(list)
         for job in snapshot.pending:
             queues[job.tenant_id].append(job)
@@ -321,9 +321,7 @@ class _Cycle:
         demand = demand_for(job.job_class, assignment, self.snapshot.nau_rates)
         borrowing = ledger.would_borrow(tenant_id, demand)  # victims are out of the ledger already
         freed = self.pool.put([d for v in victims for d in v.devices])
-        chosen: list[FreeDevice] = []
-        for flavor, count in assignment.items():
-            chosen.extend(self.pool.take(flavor, count))
+        chosen = self.pool.take_many(assignment)
         self.pool.discard(freed)  # busy until the victims stop
         ledger.add(tenant_id, demand)
         self.epoch += 1

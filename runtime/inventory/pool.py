@@ -1,5 +1,9 @@
 """The pool: nodes and devices, loaded from a pool file (YAML).
 
+Optional in the file: a ``topology`` section (``kind`` and that kind's parameters, see
+``runtime.inventory.topology``) and per-node ``coords`` in it. Without a topology section, nodes
+take no coordinates and the pool's fabric is a one-pod fat tree derived from the nodes' racks.
+
 The local backend's device profiles ride along in the same file, under ``local_profile`` of each
 flavor, but only ``runtime.backends.local`` reads them: nothing else may know how a chip is emulated.
 """
@@ -7,16 +11,39 @@ flavor, but only ``runtime.backends.local`` reads them: nothing else may know ho
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from runtime.catalog import DeviceKind, Flavor
+from runtime.inventory.topology import Coords, Fabric, Topology, make_topology, rack_fat_tree
 
 
 class PoolFileError(ValueError):
     """A pool file that cannot be used; the message names the field and the fix."""
+
+
+class Health(StrEnum):
+    """A device's health, as operators and failure detection set it.
+
+    ``degraded`` (it works, but something is off: ECC errors, a slow link) stays schedulable and
+    is chosen last; ``cordoned`` (an operator took it out, e.g. for maintenance) and ``failed``
+    are never scheduled.
+    """
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    CORDONED = "cordoned"
+    FAILED = "failed"
+
+    @property
+    def schedulable(self) -> bool:
+        return self in SCHEDULABLE
+
+
+SCHEDULABLE = frozenset({Health.HEALTHY, Health.DEGRADED})
 
 
 @dataclass(frozen=True)
@@ -25,6 +52,8 @@ class DeviceSpec:
     node: str
     flavor: str
     index: int
+    memory_gib: float = 0.0
+    health: Health = Health.HEALTHY
 
 
 @dataclass(frozen=True)
@@ -33,6 +62,7 @@ class NodeSpec:
     flavor: str
     devices: int
     rack: str = ""
+    coords: Coords = ()  # the node's place in the pool's topology; () when the pool names none
 
 
 @dataclass(frozen=True)
@@ -40,13 +70,27 @@ class Pool:
     flavors: dict[str, Flavor]
     nodes: tuple[NodeSpec, ...]
     local_profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The topology the pool file names, or None: then ``fabric()`` derives a fat tree from racks.
+    topology: Topology | None = None
 
     def devices(self) -> list[DeviceSpec]:
         return [
-            DeviceSpec(device_id=f"{node.name}/{i}", node=node.name, flavor=node.flavor, index=i)
+            DeviceSpec(
+                device_id=f"{node.name}/{i}",
+                node=node.name,
+                flavor=node.flavor,
+                index=i,
+                memory_gib=self.flavors[node.flavor].memory_gib if node.flavor in self.flavors else 0.0,
+            )
             for node in self.nodes
             for i in range(node.devices)
         ]
+
+    def fabric(self) -> Fabric:
+        """The topology with every node's coordinates: ``fabric().hops(a, b)`` by node name."""
+        if self.topology is None:
+            return rack_fat_tree([(node.name, node.rack) for node in self.nodes])
+        return Fabric(topology=self.topology, coords={node.name: node.coords for node in self.nodes})
 
 
 _FLAVOR_FIELDS = {
@@ -100,6 +144,7 @@ def parse_pool(document: dict[str, Any]) -> Pool:
             raise PoolFileError(f"{where}.local_profile: expected a mapping such as {{relative_speed: 0.5}}")
         profiles[name] = dict(profile)
 
+    topology = _topology(document)
     raw_nodes = document.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise PoolFileError("nodes: missing or empty; add a list of {name, flavor, devices}")
@@ -119,8 +164,54 @@ def parse_pool(document: dict[str, Any]) -> Pool:
         if devices < 1:
             raise PoolFileError(f"{where}.devices: must be at least 1")
         seen.add(name)
-        nodes.append(NodeSpec(name=name, flavor=flavor, devices=devices, rack=str(raw.get("rack", ""))))
-    return Pool(flavors=flavors, nodes=tuple(nodes), local_profiles=profiles)
+        coords = _node_coords(raw, where, topology)
+        nodes.append(NodeSpec(name=name, flavor=flavor, devices=devices, rack=str(raw.get("rack", "")), coords=coords))
+    if topology is not None:
+        placed: dict[Coords, str] = {}
+        for i, node in enumerate(nodes):
+            if node.coords in placed:
+                raise PoolFileError(
+                    f"nodes[{i}].coords: {list(node.coords)} is also node {placed[node.coords]!r}'s; "
+                    "give every node a place of its own"
+                )
+            placed[node.coords] = node.name
+    return Pool(flavors=flavors, nodes=tuple(nodes), local_profiles=profiles, topology=topology)
+
+
+def _topology(document: dict[str, Any]) -> Topology | None:
+    raw = document.get("topology")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("kind"), str):
+        raise PoolFileError(
+            "topology: expected a mapping with a kind (torus3d, dragonfly, fat-tree) and its parameters, "
+            "e.g. {kind: fat-tree, pods: 2, racks_per_pod: 4, nodes_per_rack: 8}"
+        )
+    parameters = {key: value for key, value in raw.items() if key != "kind"}
+    try:
+        return make_topology(raw["kind"], parameters)
+    except ValueError as exc:
+        raise PoolFileError(f"topology.{exc}") from None
+
+
+def _node_coords(raw: dict[str, Any], where: str, topology: Topology | None) -> Coords:
+    value = raw.get("coords")
+    if topology is None:
+        if value is not None:
+            raise PoolFileError(
+                f"{where}.coords: given, but the pool file has no topology section; add one "
+                "(topology: {kind: ..., ...}) or remove the coords"
+            )
+        return ()
+    names = ", ".join(topology.coord_names)
+    if value is None:
+        raise PoolFileError(f"{where}.coords: missing; the {topology.kind} topology needs [{names}] for every node")
+    if not isinstance(value, list):
+        raise PoolFileError(f"{where}.coords: expected a list [{names}], got {value!r}")
+    problem = topology.check(value)
+    if problem is not None:
+        raise PoolFileError(f"{where}.coords: {problem}")
+    return tuple(value)
 
 
 def load_pool(path: str | Path) -> Pool:
