@@ -42,6 +42,7 @@ __all__ = [
     "SolverError",
     "configs_for",
     "get_policy",
+    "preferred_flavors",
 ]
 
 
@@ -401,3 +402,32 @@ def normalized_score(job: PolicyJob, config: Config, rate: RateFn, capacity: Map
         if c == config:
             return float(s)
     return math.nan
+
+
+def preferred_flavors(
+    policy: Policy,
+    pending: Sequence[PolicyJob],
+    running: Sequence[PolicyJob],
+    capacity: Mapping[str, int],
+    rate: RateFn,
+) -> dict[int, tuple[str, ...]]:
+    """Each pending job's allowed flavors, reordered by the time the policy's allocation gives it on
+    each (most first; the job's own order breaks ties and places flavors it got no time on).
+
+    This is how production admission, which starts jobs rather than time-sharing them in rounds, follows
+    a policy: the admission cycle tries a job's flavors in this order. Running jobs enter the problem
+    with their current configuration, so that the policy sees the whole pool's demand.
+    """
+    if not pending:
+        return {}
+    allocation = policy.allocate(AllocationProblem([*running, *pending], capacity, rate))
+    order: dict[int, tuple[str, ...]] = {}
+    for job in pending:
+        time_on: dict[str, float] = {}
+        for config, fraction in allocation.get(job.job_id, {}).items():
+            for flavor, count in config.counts:
+                time_on[flavor] = time_on.get(flavor, 0.0) + fraction * count / job.devices
+        order[job.job_id] = tuple(
+            sorted(job.flavors, key=lambda f: (-round(time_on.get(f, 0.0), 6), job.flavors.index(f)))
+        )
+    return order

@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from runtime.scheduling.fairshare import dominant_share
 from runtime.scheduling.model import (
@@ -40,6 +40,7 @@ from runtime.scheduling.model import (
     Waiting,
 )
 from runtime.scheduling.placement import FreeDevice, FreePool
+from runtime.scheduling.policies import Config, Policy, PolicyJob, preferred_flavors
 from runtime.scheduling.quota import QuotaLedger, demand_for
 
 __all__ = ["assign_flavors", "queue_order", "schedule"]
@@ -555,6 +556,32 @@ class _Cycle:
         return reason
 
 
-def schedule(snapshot: Snapshot, *, blend: float = 0.5) -> CycleResult:
-    """One admission cycle: which pending jobs start (on which devices, preempting whom) and why others wait."""
+def schedule(snapshot: Snapshot, *, blend: float = 0.5, policy: Policy | None = None) -> CycleResult:
+    """One admission cycle: which pending jobs start (on which devices, preempting whom) and why others wait.
+
+    With a placement ``policy``, each pending job's flavors are tried in the order the policy's allocation
+    prefers (``policies.preferred_flavors``); without one, in the job's own order."""
+    if policy is not None:
+        snapshot = _follow_policy(snapshot, policy)
     return _Cycle(snapshot, blend).run()
+
+
+def _follow_policy(snapshot: Snapshot, policy: Policy) -> Snapshot:
+    # Admission never moves running jobs, so the policy divides what is free among the pending ones.
+    held = {device.device_id for job in snapshot.admitted for device in job.devices}
+    capacity: dict[str, int] = defaultdict(int)
+    for device in {d.device_id: d for d in snapshot.free if d.device_id not in held}.values():
+        capacity[device.flavor] += 1
+    classes = {job.job_id: job.job_class for job in snapshot.pending}
+
+    def rate(job: PolicyJob, config: Config) -> float:
+        # Work per second in milli-NAU: what one device of each flavor is worth to the job's class.
+        job_class = classes[job.job_id]
+        return float(sum(n * snapshot.nau_rates.get((job_class, f), MILLI) for f, n in config.counts))
+
+    pending = [
+        PolicyJob(j.job_id, j.devices, j.flavors, j.submitted_at, j.tenant_id, mixable=len(j.flavors) > 1)
+        for j in snapshot.pending
+    ]
+    order = preferred_flavors(policy, pending, [], capacity, rate)
+    return replace(snapshot, pending=[replace(j, flavors=order.get(j.job_id, j.flavors)) for j in snapshot.pending])

@@ -163,10 +163,10 @@ def run_rounds(
     restart_cost_s: float = 0.0,
     balance_efficiency: float = 1.0,
     tenant_weights: Mapping[int, float] | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
     clock: Callable[[], float] | None = None,
 ) -> RoundResult:
-    """Replay ``trace`` until every job is done. ``progress(done, total)`` is called after each round;
+    """Replay ``trace`` until every job is done. ``progress(done, total, now_s)`` is called after each round;
     ``clock`` (e.g. ``time.perf_counter``) times each round's decision when given."""
     if round_s <= 0:
         raise ValueError("round_s must be > 0")
@@ -283,6 +283,6 @@ def run_rounds(
         result.rounds += 1
         now += round_s
         if progress is not None:
-            progress(len(result.finish_s), len(arrivals))
+            progress(len(result.finish_s), len(arrivals), now)
     result.capacity_device_s = cluster.total * result.makespan_s
     return result
