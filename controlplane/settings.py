@@ -206,6 +206,9 @@ POLYCHIP_NAU_REFERENCE = os.environ.get("POLYCHIP_NAU_REFERENCE", "a100-sxm")
 # halves every half-life, so last week's burst hardly counts today.
 POLYCHIP_FAIR_SHARE_HALF_LIFE_H = float(os.environ.get("POLYCHIP_FAIR_SHARE_HALF_LIFE_H", "12"))
 POLYCHIP_FAIR_SHARE_BLEND = float(os.environ.get("POLYCHIP_FAIR_SHARE_BLEND", "0.5"))
+# The placement policy admission follows when it chooses a job's flavors (runtime.scheduling.policies):
+# aware (default), mixed, fair, max_throughput, fifo; "none" tries each job's flavors in its own order.
+POLYCHIP_PLACEMENT_POLICY = os.environ.get("POLYCHIP_PLACEMENT_POLICY", "aware")
 # How often the portal's event relay looks for new job events to push.
 POLYCHIP_PUSH_POLL_S = float(os.environ.get("POLYCHIP_PUSH_POLL_S", "0.05"))
 
