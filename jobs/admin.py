@@ -1,7 +1,19 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from jobs.models import Allocation, Device, Flavor, JobEvent, Node, TrainingJob
+from jobs import services
+from jobs.models import (
+    Allocation,
+    Device,
+    DeviceHealth,
+    Flavor,
+    JobEvent,
+    Node,
+    PoolTopology,
+    ThroughputEntry,
+    TrainingJob,
+)
 
 
 @admin.register(Flavor)
@@ -11,15 +23,50 @@ class FlavorAdmin(admin.ModelAdmin):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "flavor", "rack")
+    list_display = ("name", "flavor", "rack", "coords")
     list_filter = ("flavor", "rack")
+    search_fields = ("name",)
+
+
+@admin.register(PoolTopology)
+class PoolTopologyAdmin(admin.ModelAdmin):
+    list_display = ("kind", "parameters")
+    readonly_fields = ("kind", "parameters")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # it comes from the pool file (manage.py load_pool)
+
+
+def _set_health(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device], health: str) -> None:
+    ids = list(queryset.values_list("device_id", flat=True))
+    changed = services.set_device_health(ids, health, by=request.user.get_username())
+    admin_.message_user(request, f"{changed} of {len(ids)} device(s) now {health}", messages.SUCCESS)
+
+
+@admin.action(description="Cordon: schedule nothing new on them")
+def cordon(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device]) -> None:
+    _set_health(admin_, request, queryset, DeviceHealth.CORDONED)
+
+
+@admin.action(description="Uncordon: mark healthy again")
+def uncordon(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device]) -> None:
+    _set_health(admin_, request, queryset, DeviceHealth.HEALTHY)
+
+
+@admin.action(description="Mark failed")
+def mark_failed(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device]) -> None:
+    _set_health(admin_, request, queryset, DeviceHealth.FAILED)
 
 
 @admin.register(Device)
 class DeviceAdmin(admin.ModelAdmin):
-    list_display = ("device_id", "node", "flavor", "health")
-    list_filter = ("flavor", "health")
-    list_editable = ("health",)
+    list_display = ("device_id", "flavor", "node", "health", "memory_gib")
+    list_filter = ("flavor", "health", "node__rack")
+    search_fields = ("device_id", "node__name")
+    list_select_related = ("flavor", "node")
+    # Health changes go through the actions (a service), never by editing rows.
+    readonly_fields = ("health",)
+    actions = [cordon, uncordon, mark_failed]
 
 
 class AllocationInline(admin.TabularInline):
@@ -50,3 +97,23 @@ class TrainingJobAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs come in through the API, which validates the spec
+
+
+@admin.register(ThroughputEntry)
+class ThroughputEntryAdmin(admin.ModelAdmin):
+    """Read-only: entries come from ``seed_throughput`` and from step telemetry, never by hand."""
+
+    list_display = ("job_class", "flavor", "devices", "samples_per_s", "source", "samples", "updated_at")
+    list_filter = ("source", "job_class", "flavor", "devices")
+    search_fields = ("job_class", "flavor")
+    ordering = ("job_class", "flavor", "devices")
+    readonly_fields = [f.name for f in ThroughputEntry._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

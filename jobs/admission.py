@@ -25,6 +25,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from jobs import throughput
 from jobs.models import (
     TERMINAL_STATES,
     AdmissionLock,
@@ -51,6 +52,7 @@ from runtime.scheduling import (
     schedule,
 )
 from runtime.scheduling.model import MILLI
+from runtime.scheduling.policies import Policy, get_policy
 from runtime.throughput import ThroughputMatrix, choose_reference
 from tenants import services as tenants
 
@@ -70,6 +72,11 @@ class CycleReport:
     decided: tuple[int, ...]  # every queued job this cycle considered
 
 
+def placement_policy() -> Policy | None:
+    name = settings.POLYCHIP_PLACEMENT_POLICY
+    return None if name in ("", "none") else get_policy(name)
+
+
 # --- the snapshot -----------------------------------------------------------------------------
 
 
@@ -77,8 +84,12 @@ def throughput_matrix() -> ThroughputMatrix:
     peaks = dict(Flavor.objects.values_list("name", "peak_bf16_tflops"))
     if not peaks:
         peaks = {settings.POLYCHIP_NAU_REFERENCE: 1.0}
+    # Measured rates from the stored table (benchmarks, then real steps); an empty table leaves the
+    # matrix to estimate every rate from peak figures, as it did before there was one.
     return ThroughputMatrix(
-        reference_flavor=choose_reference(settings.POLYCHIP_NAU_REFERENCE, peaks), peak_tflops=peaks
+        reference_flavor=choose_reference(settings.POLYCHIP_NAU_REFERENCE, peaks),
+        peak_tflops=peaks,
+        measured=throughput.measured_per_device(),
     )
 
 
@@ -204,6 +215,8 @@ def load_snapshot(now: datetime) -> Snapshot:
         TrainingJob.objects.filter(state__in=HOLDING_STATES).values_list("job_class", flat=True).distinct()
     )
     rates = matrix.rates(classes | {"synthetic-mlp"})
+    from jobs.services import pool_fabric
+
     return Snapshot(
         now=now.timestamp(),
         tenants=tenant_quotas(),
@@ -212,6 +225,7 @@ def load_snapshot(now: datetime) -> Snapshot:
         free=_free_devices(),
         nau_rates=rates,
         history=usage_history(now, rates),
+        distance=pool_fabric().hops,  # devices chosen by topology: fewest hops
     )
 
 
@@ -388,7 +402,7 @@ def _cycle(tasks: Any) -> CycleReport:
     # closed just before it must not appear to overlap its successor on the same device.
     now = timezone.now()
     started = time.perf_counter()
-    result = schedule(snapshot, blend=settings.POLYCHIP_FAIR_SHARE_BLEND)
+    result = schedule(snapshot, blend=settings.POLYCHIP_FAIR_SHARE_BLEND, policy=placement_policy())
     decide_s = time.perf_counter() - started
 
     preempted = [p.job_id for p in result.preemptions if _preempt(p, now)]

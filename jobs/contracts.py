@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -76,6 +76,8 @@ class FlavorPoolView:
     devices: int
     healthy: int
     allocated: int
+    # Devices per health state (healthy, degraded, cordoned, failed), every state listed.
+    by_health: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,3 +105,17 @@ class QueuedJobView:
     position: int | None
     reason: str
     submitted_at: datetime
+
+
+@dataclass(frozen=True)
+class ThroughputEntryView:
+    """One entry of the throughput table: a job class on ``devices`` devices of one flavor."""
+
+    job_class: str
+    flavor: str
+    devices: int
+    samples_per_s: float  # the whole gang's
+    per_device_samples_per_s: float
+    source: str  # benchmark, measured or estimated
+    samples: int
+    updated_at: datetime

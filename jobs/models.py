@@ -30,9 +30,24 @@ class Node(models.Model):
     name = models.CharField(max_length=120, unique=True)
     flavor = models.ForeignKey(Flavor, on_delete=models.PROTECT, related_name="nodes")
     rack = models.CharField(max_length=63, blank=True)
+    # The node's place in the pool's topology (a list of integers whose meaning the topology kind
+    # gives, see runtime.inventory.topology): hop distances between nodes are computed from these.
+    coords = models.JSONField(default=list, blank=True)
 
     def __str__(self) -> str:
         return self.name
+
+
+class PoolTopology(models.Model):
+    """The pool's one topology (a singleton row): its kind and parameters, as the pool file gave
+    them or as derived from the nodes' racks; with the nodes' coordinates it gives hop distances."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    kind = models.CharField(max_length=32)
+    parameters = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.kind} topology"
 
 
 class DeviceHealth(models.TextChoices):
@@ -48,6 +63,8 @@ class Device(models.Model):
     flavor = models.ForeignKey(Flavor, on_delete=models.PROTECT, related_name="devices")
     index = models.PositiveIntegerField()
     health = models.CharField(max_length=16, choices=DeviceHealth.choices, default=DeviceHealth.HEALTHY)
+    # From its flavor when the pool is loaded; kept per device so the inventory answers per device.
+    memory_gib = models.FloatField(default=0.0)
 
     def __str__(self) -> str:
         return self.device_id
@@ -216,3 +233,34 @@ class Allocation(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} rank {self.rank} on {self.device_id}"
+
+
+class ThroughputSource(models.TextChoices):
+    BENCHMARK = "benchmark"
+    MEASURED = "measured"
+    ESTIMATED = "estimated"
+
+
+class ThroughputEntry(models.Model):
+    """Samples per second of a job class on ``devices`` devices of one flavor (``runtime.throughput``).
+
+    Seeded by ``seed_throughput`` (benchmarks on the local backend) and learned online from step
+    telemetry (``jobs.throughput.learn``)."""
+
+    job_class = models.CharField(max_length=63)
+    flavor = models.CharField(max_length=63)  # a name, not a key: the table outlives pool edits
+    devices = models.PositiveIntegerField()
+    samples_per_s = models.FloatField()  # the whole gang's
+    source = models.CharField(max_length=16, choices=ThroughputSource.choices)
+    samples = models.PositiveIntegerField(default=0)  # observations the figure rests on
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job_class", "flavor", "devices"], name="throughput_one_entry_per_key"),
+            models.CheckConstraint(condition=models.Q(devices__gte=1), name="throughput_devices_at_least_one"),
+            models.CheckConstraint(condition=models.Q(samples_per_s__gt=0), name="throughput_rate_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_class} on {self.devices} x {self.flavor}: {self.samples_per_s:.1f} samples/s ({self.source})"

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from billing import services as billing
 from billing.contracts import UsageInterval
+from jobs import throughput
 from jobs.backends import get_backend
 from jobs.contracts import DeviceView, EventView, FlavorPoolView, JobView, QueuedJobView, QuotaUsageView
 from jobs.models import (
@@ -34,11 +35,12 @@ from jobs.models import (
     JobEvent,
     JobState,
     Node,
+    PoolTopology,
     TrainingJob,
 )
 from jobs.telemetry import TelemetryEvent
 from runtime.backends.base import LaunchRequest, Phase, RankPlacement
-from runtime.inventory import Pool
+from runtime.inventory import Fabric, Pool, make_topology, rack_fat_tree
 from runtime.jobspec import JobSpec, parse_workload
 from runtime.scheduling import QuotaLedger
 from runtime.scheduling.model import MILLI, NAU
@@ -186,14 +188,17 @@ def latest_event_id() -> int:
 
 
 def pool_summary() -> list[FlavorPoolView]:
+    health_counts = {
+        state.value: Count("devices", filter=Q(devices__health=state), distinct=True) for state in DeviceHealth
+    }
     flavors = Flavor.objects.annotate(
         total=Count("devices", distinct=True),
-        healthy=Count("devices", filter=Q(devices__health=DeviceHealth.HEALTHY), distinct=True),
         allocated=Count(
             "devices",
             filter=Q(devices__allocations__ended_at__isnull=True, devices__allocations__isnull=False),
             distinct=True,
         ),
+        **{f"health_{state}": count for state, count in health_counts.items()},
     ).order_by("-peak_bf16_tflops")
     return [
         FlavorPoolView(
@@ -205,8 +210,9 @@ def pool_summary() -> list[FlavorPoolView]:
             memory_gib=f.memory_gib,
             interconnect=f.interconnect,
             devices=f.total,
-            healthy=f.healthy,
+            healthy=getattr(f, f"health_{DeviceHealth.HEALTHY}"),
             allocated=f.allocated,
+            by_health={state: getattr(f, f"health_{state}") for state in health_counts},
         )
         for f in flavors
     ]
@@ -274,7 +280,9 @@ def known_flavors() -> set[str]:
 
 @transaction.atomic
 def sync_pool(pool: Pool) -> int:
-    """Upsert flavors, nodes and devices from a parsed pool file; returns the device count."""
+    """Upsert flavors, nodes (rack, coordinates), devices (memory) and the topology from a parsed
+    pool file; returns the device count. Running it twice changes nothing the second time, and it
+    never touches a device's health: that is the operators' (``set_device_health``)."""
     for flavor in pool.flavors.values():
         Flavor.objects.update_or_create(
             name=flavor.name,
@@ -292,15 +300,76 @@ def sync_pool(pool: Pool) -> int:
         )
     flavors = {f.name: f for f in Flavor.objects.all()}
     for spec in pool.nodes:
-        Node.objects.update_or_create(name=spec.name, defaults={"flavor": flavors[spec.flavor], "rack": spec.rack})
+        Node.objects.update_or_create(
+            name=spec.name, defaults={"flavor": flavors[spec.flavor], "rack": spec.rack, "coords": list(spec.coords)}
+        )
     nodes = {n.name: n for n in Node.objects.all()}
     devices = pool.devices()
     for device in devices:
         Device.objects.update_or_create(
             device_id=device.device_id,
-            defaults={"node": nodes[device.node], "flavor": flavors[device.flavor], "index": device.index},
+            defaults={
+                "node": nodes[device.node],
+                "flavor": flavors[device.flavor],
+                "index": device.index,
+                "memory_gib": device.memory_gib,
+            },
+        )
+    if pool.topology is None:
+        PoolTopology.objects.filter(pk=1).delete()  # derived from the racks, as the file says
+    else:
+        PoolTopology.objects.update_or_create(
+            pk=1, defaults={"kind": pool.topology.kind, "parameters": pool.topology.parameters()}
         )
     return len(devices)
+
+
+def pool_fabric() -> Fabric:
+    """The pool's topology with every node's coordinates: ``pool_fabric().hops(a, b)`` by node name.
+
+    Built from the stored topology and the nodes' coordinates (two queries, so that a reloaded pool
+    counts at once in every process); a pool without a stored topology, or with a node that has no
+    usable coordinates in it, gets the fat tree that the nodes' racks describe.
+    """
+    rows = list(Node.objects.order_by("pk").values_list("name", "rack", "coords"))
+    stored = PoolTopology.objects.filter(pk=1).first()
+    if stored is not None:
+        try:
+            topology = make_topology(stored.kind, stored.parameters)
+        except ValueError as exc:
+            log.warning("stored pool topology is not usable (%s); using the racks", exc)
+        else:
+            if all(isinstance(c, list) and topology.check(c) is None for _, _, c in rows):
+                return Fabric(topology=topology, coords={name: tuple(c) for name, _, c in rows})
+            log.warning("some nodes have no usable %s coordinates; using the racks", topology.kind)
+    return rack_fat_tree([(name, rack) for name, rack, _ in rows])
+
+
+class UnknownDevices(LookupError):
+    pass
+
+
+@transaction.atomic
+def set_device_health(device_ids: Iterable[str], health: DeviceHealth | str, *, by: str = "") -> int:
+    """Set the health of devices (cordon, uncordon, mark failed); returns how many changed.
+
+    A cordoned or failed device is never admitted again until it is healthy (or degraded); jobs
+    already running on it keep running (failure handling comes with recovery). Unknown ids change
+    nothing and raise ``UnknownDevices``.
+    """
+    try:
+        state = DeviceHealth(health)
+    except ValueError:
+        raise ValueError(f"health: {health!r} is not one of {', '.join(DeviceHealth.values)}") from None
+    ids = sorted(set(device_ids))
+    known = set(Device.objects.filter(device_id__in=ids).values_list("device_id", flat=True))
+    missing = [i for i in ids if i not in known]
+    if missing:
+        raise UnknownDevices(f"device_ids: no such device {missing[0]!r}")
+    changed = Device.objects.filter(device_id__in=ids).exclude(health=state).update(health=state)
+    if changed:
+        log.info("%d device(s) set %s%s", changed, state, f" by {by}" if by else "")
+    return changed
 
 
 # --- transitions ------------------------------------------------------------------------------
@@ -664,6 +733,10 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
             job.samples_per_s = round(float(sum(speeds)), 3)
             fields.add("samples_per_s")
         job.save(update_fields=sorted(fields))
+        # The throughput table learns from rank 0's batches that moved the job on (one small UPDATE
+        # per such batch, not per event); other ranks' batches only refresh their rank stats.
+        if "steps_done" in fields and job.steps_done > throughput.LEARN_AFTER_STEP:
+            throughput.learn_from_telemetry(job.pk, job.job_class, job.rank_stats)
         if "steps_done" in fields and _progress_event_due(job_id):
             _record(
                 job,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.contracts import EventView, FlavorPoolView, JobView, QueuedJobView, QuotaUsageView
+from jobs.contracts import EventView, FlavorPoolView, JobView, QueuedJobView, QuotaUsageView, ThroughputEntryView
 from runtime.scheduling.model import MILLI, NAU
 
 
@@ -83,6 +83,7 @@ def flavor_pool_json(row: FlavorPoolView) -> dict[str, Any]:
         "memory_gib": row.memory_gib,
         "interconnect": row.interconnect,
         "devices": {"total": row.devices, "healthy": row.healthy, "allocated": row.allocated},
+        "health": dict(row.by_health),
     }
 
 
@@ -108,4 +109,17 @@ def queued_job_json(row: QueuedJobView) -> dict[str, Any]:
         "position": row.position,
         "reason": row.reason,
         "submitted_at": _time(row.submitted_at),
+    }
+
+
+def throughput_entry_json(row: ThroughputEntryView) -> dict[str, Any]:
+    return {
+        "job_class": row.job_class,
+        "flavor": row.flavor,
+        "devices": row.devices,
+        "samples_per_s": round(row.samples_per_s, 3),
+        "per_device_samples_per_s": round(row.per_device_samples_per_s, 3),
+        "source": row.source,
+        "samples": row.samples,
+        "updated_at": _time(row.updated_at),
     }

@@ -11,5 +11,6 @@ urlpatterns = [
     path("pool", views.PoolView.as_view(), name="api-pool"),
     path("quotas", views.QuotaView.as_view(), name="api-quotas"),
     path("queue", views.QueueView.as_view(), name="api-queue"),
+    path("throughput", views.ThroughputView.as_view(), name="api-throughput"),
     path("ingest/jobs/<int:job_id>/telemetry", views.TelemetryIngestView.as_view(), name="api-ingest-telemetry"),
 ]

@@ -14,8 +14,15 @@ from rest_framework.views import APIView
 
 from billing import services as billing
 from controlplane.errors import error_response
-from jobs import services
-from jobs.api.serializers import event_json, flavor_pool_json, job_json, queued_job_json, quota_json
+from jobs import services, throughput
+from jobs.api.serializers import (
+    event_json,
+    flavor_pool_json,
+    job_json,
+    queued_job_json,
+    quota_json,
+    throughput_entry_json,
+)
 from jobs.telemetry import InvalidTelemetry, parse_events
 from runtime.jobspec import SpecError, parse_job_spec
 from tenants.api.access import request_tenant_id
@@ -108,7 +115,13 @@ class PoolView(APIView):
 
     def get(self, request: Request) -> Response:
         request_tenant_id(request)
-        return Response({"flavors": [flavor_pool_json(row) for row in services.pool_summary()]})
+        topology = services.pool_fabric().topology
+        return Response(
+            {
+                "flavors": [flavor_pool_json(row) for row in services.pool_summary()],
+                "topology": {"kind": topology.kind, "parameters": topology.parameters()},
+            }
+        )
 
 
 class TelemetryIngestView(APIView):
@@ -151,3 +164,18 @@ class QueueView(APIView):
     def get(self, request: Request) -> Response:
         rows = services.queue(tenant_id=request_tenant_id(request))
         return Response({"queue": [queued_job_json(row) for row in rows]})
+
+
+class ThroughputView(APIView):
+    """The throughput table: samples/s of each job class on N devices of each flavor, with its source.
+
+    The same for every tenant (like the pool); ``?job_class=`` and ``?flavor=`` narrow it."""
+
+    permission_classes = [RequireScope]
+
+    def get(self, request: Request) -> Response:
+        request_tenant_id(request)
+        rows = throughput.list_entries(
+            job_class=request.query_params.get("job_class") or None, flavor=request.query_params.get("flavor") or None
+        )
+        return Response({"entries": [throughput_entry_json(row) for row in rows]})

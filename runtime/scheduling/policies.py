@@ -383,7 +383,7 @@ class MaxThroughputPolicy:
 
 
 POLICIES: dict[str, type[Policy]] = {
-    policy.name: policy  # type: ignore[misc]
+    policy.name: policy
     for policy in (FifoPolicy, FairSharePolicy, MaxMinAwarePolicy, MaxThroughputPolicy, MixedGangPolicy)
 }
 

@@ -77,6 +77,7 @@ MATRIX: dict[str, Expect] = {
     "api/v1/pool": Expect("global", {"GET": "read"}),
     "api/v1/quotas": Expect("collection", {"GET": "read"}),
     "api/v1/queue": Expect("collection", {"GET": "read"}, owner_sees=True),
+    "api/v1/throughput": Expect("global", {"GET": "read"}),
     # tenants: a tenant's own tokens
     "api/v1/tokens": Expect("collection", {"GET": "manage", "POST": "manage"}, owner_sees=True),
     "api/v1/tokens/<int:token_id>/revoke": Expect("object", {"POST": "manage"}),

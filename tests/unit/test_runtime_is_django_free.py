@@ -15,6 +15,11 @@ MODULES = [
     "runtime.worker",
     "runtime.worker.train",
     "runtime.worker.telemetry",
+    "runtime.throughput",
+    "runtime.bench.suite",
+    "runtime.bench.balance",
+    "runtime.bench.restart",
+    "runtime.backends.local.bench",
 ]
 
 

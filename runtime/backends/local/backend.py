@@ -26,8 +26,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import runtime
 from runtime.backends.base import LaunchRequest, Observation, Phase, RankState
@@ -35,6 +36,9 @@ from runtime.backends.local.files import atomic_write_json, atomic_write_text, r
 from runtime.backends.local.procs import pid_alive, signal_group, signal_pid
 from runtime.backends.local.supervisor import LAUNCH_FILE, PID_FILE, STATUS_FILE, STOP_FILE
 from runtime.worker.config import WorkerConfig, equal_split
+
+if TYPE_CHECKING:
+    from runtime.bench.suite import SuiteResult
 
 LOCK_FILE = "launch.lock"
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -315,6 +319,19 @@ class LocalBackend:
         data = status if isinstance(status, dict) else {"ranks": []}
         data.update({"phase": "failed", "reason": reason, "updated_at": time.time()})
         atomic_write_json(run_dir / STATUS_FILE, data)
+
+    # -- benchmarks --------------------------------------------------------------------------------
+
+    def benchmark_flavors(
+        self, flavors: Sequence[str] | None = None, *, quick: bool = True, micro: bool = False
+    ) -> dict[str, SuiteResult]:
+        """``runtime.bench``'s suite once per flavor, emulated as this backend runs that flavor's
+        ranks (see ``runtime.backends.local.bench.benchmark_flavors``): ``{flavor: SuiteResult}``."""
+        from runtime.backends.local.bench import benchmark_flavors
+
+        return benchmark_flavors(
+            self.profiles, flavors, sample_time_ms=self.sample_time_ms, quick=quick, micro=micro, python=self.python
+        )
 
     # -- helpers -----------------------------------------------------------------------------------
 

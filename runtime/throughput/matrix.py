@@ -1,4 +1,4 @@
-"""The throughput matrix: how fast a job class runs on each flavor, and what that is worth in NAU.
+"""The throughput matrix: what one device of a flavor is worth to a job class, in NAU.
 
 A normalized accelerator unit (NAU) is a unit of work, not of chips: one NAU is the throughput that
 one device of the reference flavor gives a job's class. A device of another flavor is worth its
@@ -6,8 +6,9 @@ throughput for that class over the reference's, so an H100 may be worth 3 NAU to
 2 to another. Quotas in NAU let a tenant run wherever its work goes fastest without being charged
 for chip counts that mean different things on different chips.
 
-Entries are measured (samples per second per device) when a benchmark or real steps supplied them,
-and otherwise estimated from the flavors' peak bf16 figures; an estimate says so (``estimated``).
+Entries are measured (samples per second per device) when a benchmark or real steps supplied them
+(``ThroughputTable.measured_per_device`` gives that mapping), and otherwise estimated from the
+flavors' peak bf16 figures; an estimate says so (``estimated``).
 """
 
 from __future__ import annotations

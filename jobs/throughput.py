@@ -1,0 +1,162 @@
+"""The stored throughput table: seeded from benchmarks, learned from step telemetry, read by admission.
+
+The table's logic is ``runtime.throughput`` (pure); this module loads it from ``ThroughputEntry``
+rows and persists what changes. Learning happens in SQL, one UPDATE per telemetry batch that
+carries news, with the same rule as ``ThroughputTable.learn`` (``observation_weight``), so that
+concurrent batches of different jobs of one class never overwrite each other's observations.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Case, F, FloatField, IntegerField, Value, When
+from django.db.models.functions import Cast, Greatest
+
+from jobs.contracts import ThroughputEntryView
+from jobs.models import Allocation, Flavor, ThroughputSource
+from jobs.models import ThroughputEntry as EntryRow
+from runtime.throughput import LEARNING_WEIGHT, Source, ThroughputEntry, ThroughputTable
+
+log = logging.getLogger(__name__)
+
+# Steps 1..LEARN_AFTER_STEP are not learned from: they include the rendezvous, DDP's set-up and
+# the first kernel choices, and say little about the steady rate.
+LEARN_AFTER_STEP = 3
+
+
+def peak_tflops() -> dict[str, float]:
+    return dict(Flavor.objects.values_list("name", "peak_bf16_tflops"))
+
+
+def _entry(row: EntryRow) -> ThroughputEntry:
+    return ThroughputEntry(
+        job_class=row.job_class,
+        flavor=row.flavor,
+        devices=row.devices,
+        samples_per_s=row.samples_per_s,
+        source=Source(row.source),
+        samples=row.samples,
+    )
+
+
+def table() -> ThroughputTable:
+    """The stored table, with the pool's peak figures for estimates."""
+    return ThroughputTable.of((_entry(row) for row in EntryRow.objects.all()), peak_tflops())
+
+
+def measured_per_device() -> dict[tuple[str, str], float]:
+    """Per-device samples/s by (class, flavor): what ``ThroughputMatrix`` takes as ``measured``."""
+    rows = EntryRow.objects.exclude(source=ThroughputSource.ESTIMATED)
+    return ThroughputTable.of(_entry(row) for row in rows).measured_per_device()
+
+
+def list_entries(*, job_class: str | None = None, flavor: str | None = None) -> list[ThroughputEntryView]:
+    rows = EntryRow.objects.order_by("job_class", "flavor", "devices")
+    if job_class:
+        rows = rows.filter(job_class=job_class)
+    if flavor:
+        rows = rows.filter(flavor=flavor)
+    return [
+        ThroughputEntryView(
+            job_class=row.job_class,
+            flavor=row.flavor,
+            devices=row.devices,
+            samples_per_s=row.samples_per_s,
+            per_device_samples_per_s=row.samples_per_s / row.devices,
+            source=row.source,
+            samples=row.samples,
+            updated_at=row.updated_at,
+        )
+        for row in rows
+    ]
+
+
+@transaction.atomic
+def store_benchmarks(entries: Iterable[ThroughputEntry], *, over_measured: bool = False) -> dict[str, int]:
+    """Upsert benchmark entries; a ``measured`` entry (real steps) is kept unless ``over_measured``.
+
+    Returns counts: ``stored`` (created or replaced) and ``kept`` (measured entries left alone).
+    """
+    counts = {"stored": 0, "kept": 0}
+    for entry in entries:
+        existing = EntryRow.objects.select_for_update().filter(
+            job_class=entry.job_class, flavor=entry.flavor, devices=entry.devices
+        )
+        row = existing.first()
+        if row is not None and row.source == ThroughputSource.MEASURED and not over_measured:
+            counts["kept"] += 1
+            continue
+        EntryRow.objects.update_or_create(
+            job_class=entry.job_class,
+            flavor=entry.flavor,
+            devices=entry.devices,
+            defaults={"samples_per_s": entry.samples_per_s, "source": entry.source.value, "samples": entry.samples},
+        )
+        counts["stored"] += 1
+    return counts
+
+
+def learn(job_class: str, flavor: str, devices: int, samples_per_s: float) -> None:
+    """Fold one observation into (class, flavor, devices): one UPDATE, an INSERT the first time.
+
+    The update is ``runtime.throughput.observation_weight`` in SQL: over a measured figure with n
+    observations, ``w = max(LEARNING_WEIGHT, 1 / (n + 1))`` and the figure becomes
+    ``(1 - w) * old + w * observed``; over a benchmark figure the observation replaces it.
+    """
+    measured = ThroughputSource.MEASURED
+    weight = Greatest(
+        Value(LEARNING_WEIGHT, output_field=FloatField()),
+        Value(1.0, output_field=FloatField()) / (Cast(F("samples"), FloatField()) + Value(1.0)),
+        output_field=FloatField(),
+    )
+    observed = Value(float(samples_per_s), output_field=FloatField())
+    blended = (Value(1.0) - weight) * F("samples_per_s") + weight * observed
+    key = {"job_class": job_class, "flavor": flavor, "devices": devices}
+    changes: dict[str, Any] = {
+        "samples_per_s": Case(When(source=measured, then=blended), default=observed, output_field=FloatField()),
+        "samples": Case(When(source=measured, then=F("samples") + 1), default=Value(1), output_field=IntegerField()),
+        "source": measured,
+    }
+    if EntryRow.objects.filter(**key).update(**changes):
+        return
+    try:
+        with transaction.atomic():  # a savepoint: a lost race must not spoil the caller's transaction
+            EntryRow.objects.create(**key, samples_per_s=float(samples_per_s), source=measured, samples=1)
+    except IntegrityError:
+        EntryRow.objects.filter(**key).update(**changes)  # another batch created it a moment ago
+
+
+def learn_from_telemetry(job_id: int, job_class: str, rank_stats: Mapping[str, Any]) -> bool:
+    """Learn a running job's samples/s from its ranks' latest step telemetry; True when it did.
+
+    Only a job whose devices are all of one flavor teaches the table: (class, flavor, n) gets the
+    sum of its ranks' samples/s. A mixed job teaches nothing per flavor: its aggregate is shaped by
+    how its batch was split and by the balancer, and in a synchronous gang every rank waits for the
+    slowest at each all-reduce, so neither the aggregate nor a rank's own figure says what its
+    flavor would do on its own; attributing it would corrupt the single-flavor figures that
+    placement compares mixes against.
+    """
+    placed = list(
+        Allocation.objects.filter(job_id=job_id, ended_at__isnull=True)
+        .order_by("rank")
+        .values_list("rank", "device__flavor__name")
+    )
+    flavors = {flavor for _, flavor in placed}
+    if len(flavors) != 1:
+        return False
+    (flavor,) = flavors
+    total = 0.0
+    for rank, _ in placed:
+        stats = rank_stats.get(str(rank)) or {}
+        rate, step = stats.get("samples_per_s"), stats.get("step")
+        # Every rank must have reported past warm-up, from the device it holds now (rank stats of
+        # an earlier attempt on other devices must not count).
+        if not rate or rate <= 0 or not step or step <= LEARN_AFTER_STEP or stats.get("flavor") != flavor:
+            return False
+        total += float(rate)
+    learn(job_class, flavor, len(placed), total)
+    return True

@@ -1,0 +1,99 @@
+"""The pool in the control plane: topology and coordinates persisted, health counts over the API,
+cordoning through the service, and admission that skips cordoned devices and chooses by topology."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from jobs import services
+from jobs.models import Device, DeviceHealth, Node, PoolTopology
+from runtime.inventory import parse_pool
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
+
+FLAVOR = {
+    "vendor": "nvidia",
+    "kind": "gpu",
+    "model": "H100",
+    "peak_bf16_tflops": 989,
+    "memory_gib": 80,
+    "interconnect": "NVLink",
+    "interconnect_gbps": 900,
+    "torch_device_type": "cuda",
+    "collective_backend": "nccl",
+}
+
+
+def torus_pool():
+    return parse_pool(
+        {
+            "flavors": {"h100-sxm": FLAVOR},
+            "topology": {"kind": "torus3d", "dims": [4, 1, 1]},
+            "nodes": [
+                {"name": f"t{x}", "flavor": "h100-sxm", "devices": 2, "rack": "r", "coords": [x, 0, 0]}
+                for x in range(4)
+            ],
+        }
+    )
+
+
+def test_the_pool_persists_topology_coordinates_and_memory_idempotently():
+    pool = torus_pool()
+    assert services.sync_pool(pool) == 8
+    assert services.sync_pool(pool) == 8  # twice changes nothing
+    assert Node.objects.count() == 4 and Device.objects.count() == 8
+    assert Node.objects.get(name="t3").coords == [3, 0, 0]
+    assert set(Device.objects.values_list("memory_gib", flat=True)) == {80.0}
+    stored = PoolTopology.objects.get()
+    assert (stored.kind, stored.parameters) == ("torus3d", {"dims": [4, 1, 1]})
+    fabric = services.pool_fabric()
+    assert fabric.hops("t0", "t3") == 1 and fabric.hops("t0", "t2") == 2  # wraps around
+
+
+def test_a_reload_keeps_what_operators_set(pool):
+    services.set_device_health(["gpu-h100-0/0"], DeviceHealth.CORDONED, by="op")
+    from django.conf import settings
+
+    from runtime.inventory import load_pool
+
+    services.sync_pool(load_pool(settings.POLYCHIP_POOL_FILE))
+    assert Device.objects.get(device_id="gpu-h100-0/0").health == DeviceHealth.CORDONED
+    assert services.pool_fabric().topology.kind == "fat-tree"  # the demo pool names none: from racks
+
+
+def test_cordon_service_and_api_health_counts(pool, tenants):
+    assert services.set_device_health(["gpu-h100-0/0"], "cordoned", by="op") == 1
+    assert services.set_device_health(["gpu-h100-0/0"], "cordoned", by="op") == 0  # already
+    assert services.set_device_health(["npu-910b-0/1"], DeviceHealth.FAILED) == 1
+    assert services.set_device_health(["npu-910b-0/2"], DeviceHealth.DEGRADED) == 1
+    with pytest.raises(services.UnknownDevices, match="device_ids: no such device 'nope'"):
+        services.set_device_health(["npu-910b-0/3", "nope"], DeviceHealth.FAILED)
+    assert Device.objects.get(device_id="npu-910b-0/3").health == DeviceHealth.HEALTHY  # nothing changed
+    with pytest.raises(ValueError, match="health: 'broken' is not one of"):
+        services.set_device_health(["npu-910b-0/3"], "broken")
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {tenants[0].token}")
+    body = client.get("/api/v1/pool").json()
+    assert body["topology"]["kind"] == "fat-tree"
+    rows = {row["flavor"]: row for row in body["flavors"]}
+    assert rows["h100-sxm"]["health"] == {"healthy": 1, "degraded": 0, "cordoned": 1, "failed": 0}
+    assert rows["h100-sxm"]["devices"] == {"total": 2, "healthy": 1, "allocated": 0}
+    assert rows["ascend-910b"]["health"] == {"healthy": 2, "degraded": 1, "cordoned": 0, "failed": 1}
+
+    assert services.set_device_health(["gpu-h100-0/0"], DeviceHealth.HEALTHY) == 1  # uncordon
+
+
+def test_admission_skips_cordoned_devices(pool):
+    from datetime import UTC, datetime
+
+    from jobs import admission
+
+    services.set_device_health(["gpu-h100-0/1", "tpu-v4-0/0"], DeviceHealth.CORDONED)
+    services.set_device_health(["tpu-v4-0/1"], DeviceHealth.FAILED)
+    snapshot = admission.load_snapshot(datetime.now(UTC))
+    free = {d.device_id for d in snapshot.free}
+    assert "gpu-h100-0/0" in free
+    assert not free & {"gpu-h100-0/1", "tpu-v4-0/0", "tpu-v4-0/1"}
+    assert snapshot.distance is not None and snapshot.distance("gpu-h100-0", "gpu-a100-0") == 2

@@ -1,0 +1,123 @@
+"""The throughput table in the control plane: learned from step telemetry, read by the API and admission."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from jobs import admission, services, throughput
+from jobs.models import Allocation, Device, JobState, ThroughputEntry, TrainingJob
+from runtime.jobspec import parse_job_spec
+from runtime.throughput import LEARNING_WEIGHT, Source
+from runtime.throughput import ThroughputEntry as Entry
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def running_on(tenant_id: int, device_ids: list[str]) -> TrainingJob:
+    spec = {"name": "thr", "devices": len(device_ids), "flavors": ["tpu-v4", "ascend-910b"], "workload": {"steps": 50}}
+    view = services.submit_job(tenant_id=tenant_id, user_id=None, spec=parse_job_spec(spec))
+    TrainingJob.objects.filter(pk=view.id).update(state=JobState.RUNNING)
+    for rank, device_id in enumerate(device_ids):
+        Allocation.objects.create(
+            job_id=view.id, device=Device.objects.get(device_id=device_id), rank=rank, started_at=timezone.now()
+        )
+    return TrainingJob.objects.get(pk=view.id)
+
+
+def step(rank: int, number: int, flavor: str, samples_per_s: float) -> dict:
+    return {
+        "kind": "step",
+        "rank": rank,
+        "ts": time.time() + number * 1e-3,
+        "step": number,
+        "total_steps": 50,
+        "loss": 1.0,
+        "samples": 48,
+        "samples_per_s": samples_per_s,
+        "step_time_s": 48 / samples_per_s,
+        "flavor": flavor,
+    }
+
+
+def post(job: TrainingJob, events: list[dict]) -> None:
+    response = Client().post(
+        f"/api/v1/ingest/jobs/{job.pk}/telemetry",
+        {"events": events},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {services.ingest_token(job)}"},
+    )
+    assert response.status_code == 200, response.content
+
+
+def devices_of(flavor: str, count: int) -> list[str]:
+    return list(Device.objects.filter(flavor__name=flavor).order_by("device_id").values_list("device_id", flat=True))[
+        :count
+    ]
+
+
+def test_a_single_flavor_job_teaches_the_table(tenants, pool):
+    job = running_on(tenants[0].id, devices_of("tpu-v4", 2))
+    throughput.store_benchmarks([Entry("synthetic-mlp", "tpu-v4", 2, 500.0, Source.BENCHMARK, 40)])
+
+    # Warm-up steps teach nothing; the first batch past them replaces the benchmark figure.
+    post(job, [step(0, 2, "tpu-v4", 300.0), step(1, 2, "tpu-v4", 300.0)])
+    assert ThroughputEntry.objects.get(job_class="synthetic-mlp", flavor="tpu-v4", devices=2).source == "benchmark"
+    post(job, [step(1, 4, "tpu-v4", 320.0), step(0, 4, "tpu-v4", 330.0)])
+    row = ThroughputEntry.objects.get(job_class="synthetic-mlp", flavor="tpu-v4", devices=2)
+    assert (row.source, row.samples, row.samples_per_s) == ("measured", 1, pytest.approx(650.0))
+
+    # A batch of rank 1 alone does not count as an observation; rank 0's next one does.
+    post(job, [step(1, 5, "tpu-v4", 350.0)])
+    assert ThroughputEntry.objects.get(pk=row.pk).samples == 1
+    post(job, [step(0, 5, "tpu-v4", 350.0), step(0, 6, "tpu-v4", 350.0)])
+    row.refresh_from_db()
+    assert (row.samples, row.samples_per_s) == (2, pytest.approx((650.0 + 700.0) / 2))
+
+    # The SQL update follows the pure rule: the moving average once there are enough observations.
+    ThroughputEntry.objects.filter(pk=row.pk).update(samples=50, samples_per_s=600.0)
+    post(job, [step(1, 7, "tpu-v4", 400.0), step(0, 7, "tpu-v4", 400.0)])
+    row.refresh_from_db()
+    assert row.samples_per_s == pytest.approx((1 - LEARNING_WEIGHT) * 600.0 + LEARNING_WEIGHT * 800.0)
+
+
+def test_a_mixed_job_teaches_nothing(tenants, pool):
+    job = running_on(tenants[0].id, devices_of("tpu-v4", 1) + devices_of("ascend-910b", 1))
+    post(job, [step(0, 5, "tpu-v4", 300.0), step(1, 5, "ascend-910b", 300.0)])
+    assert not ThroughputEntry.objects.exists()
+    job.refresh_from_db()
+    assert job.samples_per_s == 600.0  # progress is still recorded
+
+
+def test_the_api_lists_entries_and_admission_prices_from_them(tenants, pool):
+    client = Client(headers={"Authorization": f"Bearer {tenants[1].token}"})
+    assert client.get("/api/v1/throughput").json() == {"entries": []}
+    before = admission.throughput_matrix().rate("resnet-small", "h100-sxm")
+    assert before.estimated
+
+    throughput.store_benchmarks(
+        [
+            Entry("resnet-small", "a100-sxm", 1, 100.0, Source.BENCHMARK, 20),
+            Entry("resnet-small", "h100-sxm", 1, 250.0, Source.BENCHMARK, 20),
+        ]
+    )
+    throughput.learn("resnet-small", "h100-sxm", 2, 480.0)
+    body = client.get("/api/v1/throughput?job_class=resnet-small").json()
+    assert [(e["flavor"], e["devices"], e["source"]) for e in body["entries"]] == [
+        ("a100-sxm", 1, "benchmark"),
+        ("h100-sxm", 1, "benchmark"),
+        ("h100-sxm", 2, "measured"),
+    ]
+    assert body["entries"][2]["per_device_samples_per_s"] == 240.0
+    assert client.get("/api/v1/throughput?flavor=tpu-v4").json() == {"entries": []}
+
+    rate = admission.throughput_matrix().rate("resnet-small", "h100-sxm")
+    assert (rate.milli_nau, rate.estimated) == (2500, False)
+
+    # Seeding again keeps what real steps measured.
+    counts = throughput.store_benchmarks([Entry("resnet-small", "h100-sxm", 2, 999.0, Source.BENCHMARK, 5)])
+    assert counts == {"stored": 0, "kept": 1}
+    assert throughput.table().lookup("resnet-small", "h100-sxm", 2).samples_per_s == 480.0
