@@ -23,6 +23,7 @@ victims stop, and the next cycle sees them free.
 from __future__ import annotations
 
 import heapq
+import logging
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -40,10 +41,12 @@ from runtime.scheduling.model import (
     Waiting,
 )
 from runtime.scheduling.placement import FreeDevice, FreePool
-from runtime.scheduling.policies import Config, Policy, PolicyJob, preferred_flavors
+from runtime.scheduling.policies import Config, Policy, PolicyJob, SolverError, preferred_flavors
 from runtime.scheduling.quota import QuotaLedger, demand_for
 
 __all__ = ["assign_flavors", "queue_order", "schedule"]
+
+logger = logging.getLogger(__name__)
 
 NOW = "now"
 RECLAIM = "reclaim"
@@ -583,5 +586,10 @@ def _follow_policy(snapshot: Snapshot, policy: Policy) -> Snapshot:
         PolicyJob(j.job_id, j.devices, j.flavors, j.submitted_at, j.tenant_id, mixable=len(j.flavors) > 1)
         for j in snapshot.pending
     ]
-    order = preferred_flavors(policy, pending, [], capacity, rate)
+    try:
+        order = preferred_flavors(policy, pending, [], capacity, rate)
+    except SolverError as exc:
+        # The policy only orders flavors; a solver failure must never stop admission.
+        logger.warning("placement policy %s failed (%s); trying each job's flavors in its own order", policy.name, exc)
+        return snapshot
     return replace(snapshot, pending=[replace(j, flavors=order.get(j.job_id, j.flavors)) for j in snapshot.pending])

@@ -533,3 +533,45 @@ def test_the_free_pool_hands_out_what_pack_would():
             assert pool.count("h100") == len(free)
         with pytest.raises(ValueError, match="free"):
             pool.take("h100", len(free) + 1)
+
+
+# --- following a placement policy ----------------------------------------------------------------------------
+
+
+def _flavors_of(result, job_id):
+    admission = next(a for a in result.admissions if a.job_id == job_id)
+    return Counter(d.flavor for d in admission.devices)
+
+
+def test_a_policy_puts_each_job_where_its_class_gains_most():
+    # Two jobs, one h100 and one a100 free. "cnn" gains 2.5x on h100; "mlp" only 1.2x. Both list a100
+    # first: in their own order both want the a100, and the first one gets it. The aware policy gives the
+    # h100 to the job that gains most from it, whatever order the jobs listed their flavors in.
+    rates = {**RATES, ("mlp", "h100"): 1200, ("mlp", "a100"): 1000}
+    free = devices("h100", "h-0", 1) + devices("a100", "a-0", 1)
+    pending = [job(1, 1, 1, "a100", "h100"), replace(job(2, 1, 1, "a100", "h100"), job_class="mlp")]
+    snapshot = replace(snap([tenant(1, h100=1, a100=1)], pending, free=free), nau_rates=rates)
+
+    own_order = schedule(snapshot)
+    assert _flavors_of(own_order, 1) == {"a100": 1} and _flavors_of(own_order, 2) == {"h100": 1}
+
+    from runtime.scheduling.policies import get_policy
+
+    aware = schedule(snapshot, policy=get_policy("aware"))
+    assert _flavors_of(aware, 1) == {"h100": 1}
+    assert _flavors_of(aware, 2) == {"a100": 1}
+
+
+def test_a_policy_that_fails_leaves_admission_to_the_jobs_own_order(caplog):
+    from runtime.scheduling.policies import SolverError
+
+    class Broken:
+        name, aware, mixes = "broken", True, False
+
+        def allocate(self, problem):
+            raise SolverError("HiGHS: infeasible")
+
+    free = devices("h100", "h-0", 1)
+    result = schedule(snap([tenant(1, h100=1)], [job(1, 1, 1, "h100")], free=free), policy=Broken())
+    assert admitted_ids(result) == [1]
+    assert "placement policy broken failed" in caplog.text
