@@ -170,6 +170,8 @@ def run_rounds(
     ``clock`` (e.g. ``time.perf_counter``) times each round's decision when given."""
     if round_s <= 0:
         raise ValueError("round_s must be > 0")
+    if not 0 <= restart_cost_s < round_s:
+        raise ValueError(f"restart_cost_s must be in [0, round_s={round_s:g}); a restart that costs a round never ends")
     if not 0 < balance_efficiency <= 1:
         raise ValueError("balance_efficiency must be in (0, 1]")
     rates = _Rates(table, cluster, balance_efficiency)
@@ -263,8 +265,9 @@ def run_rounds(
             if config is None:
                 state.current = None
                 continue
-            startup = 0.0 if state.current == config else restart_cost_s
-            if startup:
+            startup = 0.0
+            if state.current != config:
+                startup = restart_cost_s
                 result.restarts += 1
             state.current = config
             speed = rate_of(job_id, config)
