@@ -114,7 +114,12 @@ def tenant_quotas() -> dict[int, TenantQuota]:
 
 
 def _free_device(device: Device) -> FreeDevice:
-    return FreeDevice(device_id=device.device_id, node=device.node.name, flavor=device.flavor.name)
+    return FreeDevice(
+        device_id=device.device_id,
+        node=device.node.name,
+        flavor=device.flavor.name,
+        degraded=device.health == DeviceHealth.DEGRADED,
+    )
 
 
 def _charge(job_class: str, devices: Iterable[FreeDevice], rates: Mapping[tuple[str, str], int]) -> dict[str, int]:
@@ -179,7 +184,9 @@ def _free_devices() -> list[FreeDevice]:
     )
     lingering = Allocation.objects.filter(job__in=untorn).values("device_id")
     devices = (
-        Device.objects.filter(health=DeviceHealth.HEALTHY)
+        # Degraded devices still run work, but placement takes them last (FreeDevice.degraded);
+        # cordoned and failed ones are never offered.
+        Device.objects.filter(health__in=(DeviceHealth.HEALTHY, DeviceHealth.DEGRADED))
         .exclude(pk__in=held)
         .exclude(pk__in=lingering)
         .select_related("node", "flavor")

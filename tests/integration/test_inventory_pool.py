@@ -97,3 +97,20 @@ def test_admission_skips_cordoned_devices(pool):
     assert "gpu-h100-0/0" in free
     assert not free & {"gpu-h100-0/1", "tpu-v4-0/0", "tpu-v4-0/1"}
     assert snapshot.distance is not None and snapshot.distance("gpu-h100-0", "gpu-a100-0") == 2
+
+
+def test_degraded_devices_are_offered_but_taken_last(pool):
+    from datetime import UTC, datetime
+
+    from jobs import admission
+    from runtime.scheduling import FreePool
+
+    services.set_device_health(["npu-910b-0/0"], DeviceHealth.DEGRADED)
+    snapshot = admission.load_snapshot(datetime.now(UTC))
+    offered = {d.device_id: d for d in snapshot.free}
+    assert offered["npu-910b-0/0"].degraded and not offered["npu-910b-0/1"].degraded
+
+    free = FreePool(snapshot.free, distance=snapshot.distance)
+    three = {d.device_id for d in free.take("ascend-910b", 3)}
+    assert "npu-910b-0/0" not in three  # three healthy ones are free: the degraded one waits
+    assert [d.device_id for d in free.take("ascend-910b", 1)] == ["npu-910b-0/0"]  # then it is the last
