@@ -7,7 +7,7 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         # Quotas name flavors, which the pool (this app) knows; tenants may not import jobs.
-        from jobs import services
+        from jobs import checks, services  # noqa: F401  (checks registers itself)
         from tenants.services import register_flavor_source
 
         register_flavor_source(services.known_flavors)

@@ -115,21 +115,23 @@ class Policy(Protocol):
     def allocate(self, problem: AllocationProblem) -> Allocation: ...
 
 
-# Mixed configurations per job: all splits of its devices over at most this many flavors. Gangs are
-# small (Gavel's are at most 8 devices), so 3 flavors and 8 devices give 45 configurations.
+# Mixed configurations per job: splits of its devices over at most MAX_MIX_FLAVORS flavors, in steps of
+# a quarter of the gang rounded up (whole devices up to 4), so that a job has at most a dozen mixes
+# whatever its size: an LP over 10,000 jobs stays small enough to solve within a scheduling round.
+MIX_STEPS = 4
 MAX_MIX_FLAVORS = 3
 
 
 def configs_for(job: PolicyJob, capacity: Mapping[str, int], *, mixes: bool) -> list[Config]:
     """The configurations a job may run in: each allowed flavor alone with enough devices in the pool,
-    and, when ``mixes`` and the job is mixable, every split of its devices over several allowed flavors
-    that the pool could hold."""
+    and, when ``mixes`` and the job is mixable, the splits of its devices over several allowed flavors
+    that the pool could hold (see ``MIX_STEPS``)."""
     allowed = [f for f in job.flavors if capacity.get(f, 0) > 0]
     configs = [Config(((f, job.devices),)) for f in allowed if capacity[f] >= job.devices]
     if mixes and job.mixable and job.devices > 1 and len(allowed) > 1:
         for group in range(2, min(MAX_MIX_FLAVORS, len(allowed), job.devices) + 1):
             for flavors in _subsets(sorted(allowed), group):
-                for split in _splits(job.devices, group):
+                for split in _splits(job.devices, group, step=-(-job.devices // MIX_STEPS)):
                     counts = dict(zip(flavors, split, strict=True))
                     if all(counts[f] <= capacity[f] for f in flavors):
                         configs.append(Config.from_mapping(counts))
@@ -142,11 +144,15 @@ def _subsets(items: Sequence[str], size: int) -> list[tuple[str, ...]]:
     return [(items[i], *rest) for i in range(len(items)) for rest in _subsets(items[i + 1 :], size - 1)]
 
 
-def _splits(total: int, parts: int) -> list[tuple[int, ...]]:
-    """Ordered splits of ``total`` into ``parts`` positive integers."""
+def _splits(total: int, parts: int, step: int = 1) -> list[tuple[int, ...]]:
+    """Ordered splits of ``total`` into ``parts`` positive integers, each but the last a multiple of ``step``."""
     if parts == 1:
-        return [(total,)]
-    return [(first, *rest) for first in range(1, total - parts + 2) for rest in _splits(total - first, parts - 1)]
+        return [(total,)] if total > 0 else []
+    return [
+        (first, *rest)
+        for first in range(step, total - (parts - 1) + 1, step)
+        for rest in _splits(total - first, parts - 1, step)
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -230,7 +236,9 @@ def _build(problem: AllocationProblem, *, aware: bool, mixes: bool) -> _Program:
             scores.append(np.full(len(job_configs), float(job.devices)))
             continue
         rates = np.array([problem.rate(job, c) for c in job_configs], dtype=float)
-        singles = {c.counts[0][0]: r for c, r in zip(job_configs, rates, strict=True) if not c.mixed}
+        # The job's rate on the pool's average device: every allowed flavor the pool has, weighted by its
+        # share of the pool, whether or not that flavor alone could hold the whole gang.
+        singles = {f: problem.rate(job, Config(((f, job.devices),))) for f in job.flavors if f in flavors}
         shares = sum(problem.capacity[f] for f in singles)
         average = sum(r * problem.capacity[f] for f, r in singles.items()) / shares if shares else 0.0
         if average <= 0:

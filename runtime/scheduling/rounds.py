@@ -11,7 +11,8 @@ Two rules of our own:
 - *Re-placement must pay for itself.* A running job is moved to another configuration only when the
   move gains more work within the round than the checkpoint and restart cost it: a job that stops to
   move loses ``restart_cost_s`` of the round, so the new configuration must be that much faster.
-  Otherwise the job keeps its configuration at the priority the move would have had.
+  Otherwise that configuration is not a candidate for the job this round. (Time-sharing still preempts:
+  another job may win the device the job holds, and the displaced job then waits or fills in elsewhere.)
 - *Work conserving* (on by default): devices the priorities leave idle go to jobs that did not get a
   turn, first in configurations the policy gave them time in, then in any configuration that fits, the
   fastest first. Gavel leaves them idle; an idle device finishes no one's work.
@@ -55,14 +56,9 @@ def plan_round(
     """Job id -> configuration for the next round; jobs not in the answer wait. Deterministic."""
     candidates: list[tuple[float, float, int, Config]] = []
     for job in jobs:
-        fractions = allocation.get(job.job_id, {})
-        best: dict[Config, tuple[float, float]] = {}
-        for config, fraction in fractions.items():
+        for config, fraction in allocation.get(job.job_id, {}).items():
             if fraction <= 0:
                 continue
-            received = job.received_s.get(config, 0.0)
-            priority = math.inf if received <= 0 or job.age_s <= 0 else fraction / (received / job.age_s)
-            target = config
             if job.current is not None and config != job.current:
                 moving_pays = worth_moving(
                     rate(job.job_id, job.current),
@@ -71,11 +67,9 @@ def plan_round(
                     restart_cost_s=restart_cost_s,
                 )
                 if not moving_pays:
-                    target = job.current
-            previous = best.get(target)
-            if previous is None or (priority, fraction) > previous:
-                best[target] = (priority, fraction)
-        for config, (priority, fraction) in best.items():
+                    continue  # not moved there this round; it may stay, wait, or fill in where it is displaced
+            received = job.received_s.get(config, 0.0)
+            priority = math.inf if received <= 0 or job.age_s <= 0 else fraction / (received / job.age_s)
             candidates.append((priority, fraction, job.job_id, config))
     # Highest priority first; then the larger allocated fraction; then the older job id; then the
     # configuration's own order: a total order, so the plan never depends on dict order.

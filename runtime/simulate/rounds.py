@@ -137,7 +137,10 @@ class _Rates:
         if not config.mixed:
             flavor, count = config.counts[0]
             together = count <= self.cluster.server_size(flavor)
-            return self.table.steps_per_s(job.job_type, flavor, count, consolidated=together) or 0.0
+            rate = self.table.steps_per_s(job.job_type, flavor, count, consolidated=together)
+            if rate is None and together:  # measured only spread over servers: no faster packed
+                rate = self.table.steps_per_s(job.job_type, flavor, count, consolidated=False)
+            return rate or 0.0
         per_device = 0.0
         for flavor, count in config.counts:
             gang_rate = self.table.steps_per_s(job.job_type, flavor, job.devices, consolidated=False) or 0.0
@@ -271,6 +274,8 @@ def run_rounds(
                 result.restarts += 1
             state.current = config
             speed = rate_of(job_id, config)
+            if speed <= 0:
+                raise RuntimeError(f"job {job_id} placed on {config}, where the table gives it no speed")
             useful = max(0.0, round_s - startup)
             held = round_s
             if speed > 0 and state.remaining_steps <= speed * useful:

@@ -9,6 +9,7 @@ server (``consolidated``) or not.
 from __future__ import annotations
 
 import csv
+import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ def load_gavel_throughputs(path: str | Path) -> ThroughputTable:
         packed = [c for c in fields if c.endswith("_steps_per_s") and "_unconsolidated_" not in c]
         for line, row in enumerate(reader, start=2):
             devices = _int(row["scale_factor"], path, line, "scale_factor")
+            if devices < 1:
+                raise TraceError(f"{path}:{line}: scale_factor must be >= 1")
             for column in packed:
                 flavor = column.removesuffix("_steps_per_s")
                 rates[(row["job_type"], flavor, devices, True)] = _float(row[column], path, line, column)
@@ -70,6 +73,11 @@ def load_gavel_throughputs(path: str | Path) -> ThroughputTable:
                     if spread not in (None, "")
                     else rates[(row["job_type"], flavor, devices, True)]
                 )
+    for key, rate in list(rates.items()):
+        if rate < 0:
+            raise TraceError(f"{path}: {key[0]!r} on {key[1]} x{key[2]}: steps per second must be >= 0")
+        if rate == 0:
+            del rates[key]  # Gavel writes 0 where the job does not run there (it does not fit in memory)
     if not rates:
         raise TraceError(f"{path}: no throughputs; expected rows of job_type, scale_factor, <flavor>_steps_per_s")
     return ThroughputTable(rates)
@@ -172,14 +180,17 @@ def generate_trace(
 
 
 def _int(value: str, path: str | Path, line: int, column: str) -> int:
-    try:
-        return int(float(value))
-    except (TypeError, ValueError):
-        raise TraceError(f"{path}:{line}: {column} {value!r} is not a number") from None
+    number = _float(value, path, line, column)
+    if not number.is_integer():
+        raise TraceError(f"{path}:{line}: {column} {value!r} is not a whole number")
+    return int(number)
 
 
 def _float(value: str | None, path: str | Path, line: int, column: str) -> float:
     try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
         raise TraceError(f"{path}:{line}: {column} {value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise TraceError(f"{path}:{line}: {column} {value!r} is not a finite number")
+    return number

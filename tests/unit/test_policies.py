@@ -284,8 +284,11 @@ def test_configs_for_enumerates_mixes():
     assert all(c.devices == 4 for c in configs)
     assert configs[:3] == [Config.of(v100=4), Config.of(p100=4), Config.of(k80=4)]  # the job's order first
     assert sum(c.mixed for c in configs) == 12
-    # The module's own count: 8 devices over 3 flavors: 3 + 3 * 7 + C(7, 2) = 45.
-    assert len(configs_for(job(3, 8, ("v100", "p100", "k80"), mixable=True), ample, mixes=True)) == 45
+    # 8 devices over 3 flavors, in steps of 2 (a quarter of the gang): 3 singles + 3 pairs * (2+6, 4+4, 6+2)
+    # + 1 triple * (2+2+4, 2+4+2, 4+2+2) = 15; any larger gang has the same 12 mixes at most.
+    assert len(configs_for(job(3, 8, ("v100", "p100", "k80"), mixable=True), ample, mixes=True)) == 15
+    huge = {"v100": 64, "p100": 64, "k80": 64}
+    assert len(configs_for(job(7, 64, ("v100", "p100", "k80"), mixable=True), huge, mixes=True)) == 15
     # Not mixable, or one device, or one allowed flavor: singles only.
     assert len(configs_for(job(4, 4, ("v100", "p100", "k80")), ample, mixes=True)) == 3
     assert len(configs_for(job(5, 1, ("v100", "p100", "k80"), mixable=True), ample, mixes=True)) == 3

@@ -427,18 +427,49 @@ def test_a_running_job_moves_only_when_the_move_pays_for_its_restart():
     slow = rate_table({(1, K1): 1.0, (1, V1): 1.05})
     fast = rate_table({(1, K1): 1.0, (1, V1): 2.0})
 
-    def plan(rate, restart_cost_s: float = 10.0) -> dict[int, Config]:
+    def plan(rate, restart_cost_s: float = 10.0, work_conserving: bool = True) -> dict[int, Config]:
         return plan_round(
-            allocation, [job], capacity, rate=rate, round_s=100.0, restart_cost_s=restart_cost_s, work_conserving=False
+            allocation,
+            [job],
+            capacity,
+            rate=rate,
+            round_s=100.0,
+            restart_cost_s=restart_cost_s,
+            work_conserving=work_conserving,
         )
 
-    assert plan(slow) == {1: K1}  # kept, though the policy gave k80 no time
+    assert plan(slow) == {
+        1: K1
+    }  # not moved; it keeps its k80 (staying costs nothing), though the policy gave it no time
+    assert plan(slow, work_conserving=False) == {}  # only allocated configurations: it waits rather than move
     assert plan(fast) == {1: V1}
     # Free restarts: any faster configuration is worth it.
     assert plan(slow, restart_cost_s=0.0) == {1: V1}
     # A job that did not run last round has nothing to keep: it goes where the policy says.
     waiting = RoundJob(1, 100.0, received_s={K1: 100.0}, configs=(K1, V1))
     assert plan_round(allocation, [waiting], capacity, rate=slow, round_s=100.0, restart_cost_s=10.0) == {1: V1}
+
+
+def test_the_move_rule_never_lets_a_job_keep_a_fast_device_for_good():
+    # Two identical jobs, one fast device (a: 10 steps/s) and one slow (b: 5). Max-min gives each half its
+    # time on each. Moving from a to b never pays, but that must not pin job 1 to a: the job on b moves up
+    # to a when its turn comes (a faster move pays), and the displaced job fills in on b.
+    a, b = Config.of(a=1), Config.of(b=1)
+    allocation = {1: {a: 0.5, b: 0.5}, 2: {a: 0.5, b: 0.5}}
+    rate = rate_table({(1, a): 10.0, (1, b): 5.0, (2, a): 10.0, (2, b): 5.0})
+    current: dict[int, Config | None] = {1: None, 2: None}
+    received = {1: {a: 0.0, b: 0.0}, 2: {a: 0.0, b: 0.0}}
+    work = {1: 0.0, 2: 0.0}
+    for round_no in range(20):
+        jobs = [RoundJob(j, 100.0 * round_no, current[j], dict(received[j]), (a, b)) for j in (1, 2)]
+        plan = plan_round(allocation, jobs, {"a": 1, "b": 1}, rate=rate, round_s=100.0, restart_cost_s=30.0)
+        for j in (1, 2):
+            current[j] = plan.get(j)
+            if current[j] is not None:
+                received[j][current[j]] += 100.0
+                work[j] += rate(j, current[j]) * 100.0
+    assert received[1][a] == received[2][a] == 1000.0  # the fast device, shared equally
+    assert work[1] == work[2]
 
 
 def test_worth_moving():
@@ -510,6 +541,10 @@ def test_a_job_type_not_in_the_table_names_the_field(tmp_path: Path):
         ("1,0,A,0,10", "num_gpus must be >= 1"),
         ("1,0,A,1,0", "total_steps > 0"),
         ("1,-5,A,1,10", "arrival_s >= 0"),
+        ("1,0,A,1,inf", "total_steps 'inf' is not a finite number"),
+        ("1,nan,A,1,10", "arrival_s 'nan' is not a finite number"),
+        ("1,0,A,1.9,10", "num_gpus '1.9' is not a whole number"),
+        ("1,0,A,1e400,10", "num_gpus '1e400' is not a finite number"),
     ],
 )
 def test_a_bad_trace_value_names_the_field(tmp_path: Path, row: str, message: str):
