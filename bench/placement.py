@@ -8,7 +8,9 @@
 2. Replays both shared traces (``bench/data/gavel``) on Gavel's cluster (12 K80 + 12 P100 + 12 V100,
    6-minute rounds) under each policy, with the production policy and round code
    (``runtime.simulate.rounds``), and prints average / p99 JCT, makespan and utilization beside the
-   figures Gavel's simulator gives on the same traces.
+   figures that Gavel's simulator gives on the same traces, as the reference data reports them
+   (``bench/data/gavel/README.md``; Gavel itself is not run here). A bar chart goes to
+   ``var/bench/placement.svg``.
 3. Times one scheduling round (the policy's allocation and the round plan) with 10,000 jobs and 8,000
    devices.
 
@@ -56,7 +58,7 @@ TRACES = ("continuous_300", "static_multi_100")
 POLICIES = ("fifo", "fair", "aware", "max_throughput", "mixed")
 ROUND_S = 360.0
 
-# Gavel's simulator on the same traces and cluster (bench/data/gavel/README.md): avg JCT h, p99 JCT h,
+# Gavel's simulator on the same traces and cluster, as reported in bench/data/gavel/README.md: avg JCT h, p99 JCT h,
 # makespan h, utilization. Our policy names map to Gavel's: fifo -> fifo (agnostic), fair ->
 # max_min_fairness (agnostic), aware and mixed -> max_min_fairness_perf.
 GAVEL = {
@@ -193,6 +195,43 @@ def decision_time(trials: int) -> dict[str, float]:
     return timings
 
 
+def chart(figures: dict[str, dict], path: Path) -> None:
+    """Average JCT per policy and trace, ours beside Gavel's where it reported one: an SVG bar chart."""
+    bar, gap, left, top, height = 18, 6, 130, 30, 200
+    groups = [(trace, policy) for trace in TRACES for policy in (*POLICIES, "aware_gavel_lp")]
+    peak = max(
+        max(figures[t][p]["avg_jct_h"] for t, p in groups),
+        max(v[0] for by in GAVEL.values() for v in by.values()),
+    )
+    width = left + len(groups) * (2 * bar + 3 * gap) + 40
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + height + 120}" '
+        'font-family="sans-serif" font-size="11">',
+        f'<text x="{left}" y="18" font-size="13">Average JCT (h): Polychip (blue) and Gavel as reported (grey)</text>',
+    ]
+    for i, (trace, policy) in enumerate(groups):
+        x = left + i * (2 * bar + 3 * gap)
+        ours = figures[trace][policy]["avg_jct_h"]
+        theirs = GAVEL[trace].get(policy, (None,))[0]
+        for k, (value, colour) in enumerate(((ours, "#3b6fb6"), (theirs, "#9a9a9a"))):
+            if value is None:
+                continue
+            h = height * value / peak
+            parts.append(
+                f'<rect x="{x + k * (bar + gap)}" y="{top + height - h:.1f}" width="{bar}" height="{h:.1f}" '
+                f'fill="{colour}"><title>{trace} {policy}: {value:.2f} h</title></rect>'
+            )
+        label_x, label_y = x + bar, top + height + 8
+        parts.append(
+            f'<text transform="translate({label_x},{label_y}) rotate(60)">{trace.split("_")[0]} {policy}</text>'
+        )
+    parts.append(f'<line x1="{left - 4}" y1="{top + height}" x2="{width - 20}" y2="{top + height}" stroke="#333"/>')
+    parts.append(f'<text x="{left - 8}" y="{top + 10}" text-anchor="end">{peak:.0f} h</text>')
+    parts.append("</svg>")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer timing trials; same trace figures")
@@ -206,6 +245,9 @@ def main() -> int:
     )
     print("replaying the shared traces (12 K80 + 12 P100 + 12 V100, 360 s rounds) ...")
     figures = replay(args.one_device_per_server, restart_cost_s, efficiency)
+    picture = ROOT / "var" / "bench" / "placement.svg"
+    chart(figures, picture)
+    print(f"  chart: {picture.relative_to(ROOT)}")
     print("timing one round with 10,000 jobs and 8,000 devices ...")
     timings = decision_time(1 if args.quick else 3)
 
