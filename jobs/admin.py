@@ -43,17 +43,23 @@ def _set_health(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QueryS
     admin_.message_user(request, f"{changed} of {len(ids)} device(s) now {health}", messages.SUCCESS)
 
 
-@admin.action(description="Cordon: schedule nothing new on them")
+# Every health action changes devices: a staff user who may only view them gets none of them.
+@admin.action(permissions=["change"], description="Cordon: schedule nothing new on them")
 def cordon(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device]) -> None:
     _set_health(admin_, request, queryset, DeviceHealth.CORDONED)
 
 
-@admin.action(description="Uncordon: mark healthy again")
+@admin.action(permissions=["change"], description="Uncordon: mark healthy again")
 def uncordon(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device]) -> None:
     _set_health(admin_, request, queryset, DeviceHealth.HEALTHY)
 
 
-@admin.action(description="Mark failed")
+@admin.action(permissions=["change"], description="Mark degraded: schedule on them last")
+def mark_degraded(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device]) -> None:
+    _set_health(admin_, request, queryset, DeviceHealth.DEGRADED)
+
+
+@admin.action(permissions=["change"], description="Mark failed")
 def mark_failed(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Device]) -> None:
     _set_health(admin_, request, queryset, DeviceHealth.FAILED)
 
@@ -66,7 +72,7 @@ class DeviceAdmin(admin.ModelAdmin):
     list_select_related = ("flavor", "node")
     # Health changes go through the actions (a service), never by editing rows.
     readonly_fields = ("health",)
-    actions = [cordon, uncordon, mark_failed]
+    actions = [cordon, uncordon, mark_degraded, mark_failed]
 
 
 class AllocationInline(admin.TabularInline):

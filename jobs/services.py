@@ -362,6 +362,14 @@ def set_device_health(device_ids: Iterable[str], health: DeviceHealth | str, *, 
     except ValueError:
         raise ValueError(f"health: {health!r} is not one of {', '.join(DeviceHealth.values)}") from None
     ids = sorted(set(device_ids))
+    # Take the admission lock first. A cycle holds it from loading its snapshot of free devices to
+    # committing its allocations; without it a cordon could commit mid-cycle and the cycle would
+    # still hand out the devices it had read as healthy. Waiting here means a running cycle ends
+    # first and the next one reads the new health. (On SQLite select_for_update is a no-op: its
+    # write transactions serialize anyway.) get_or_create: a flushed test database lost the row.
+    from jobs.models import AdmissionLock
+
+    AdmissionLock.objects.select_for_update().get_or_create(pk=1)
     known = set(Device.objects.filter(device_id__in=ids).values_list("device_id", flat=True))
     missing = [i for i in ids if i not in known]
     if missing:
@@ -734,9 +742,12 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
             fields.add("samples_per_s")
         job.save(update_fields=sorted(fields))
         # The throughput table learns from rank 0's batches that moved the job on (one small UPDATE
-        # per such batch, not per event); other ranks' batches only refresh their rank stats.
+        # per such batch, not per event); other ranks' batches only refresh their rank stats. It
+        # learns after this transaction commits: the entry's row is shared by every job of the
+        # class, flavor and size, and updating it here, under this job's row lock, would serialize
+        # all their ingests on it. A failure there is logged, never raised into ingest.
         if "steps_done" in fields and job.steps_done > throughput.LEARN_AFTER_STEP:
-            throughput.learn_from_telemetry(job.pk, job.job_class, job.rank_stats)
+            throughput.learn_after_commit(job.pk, job.job_class, job.rank_stats)
         if "steps_done" in fields and _progress_event_due(job_id):
             _record(
                 job,

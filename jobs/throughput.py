@@ -3,7 +3,9 @@
 The table's logic is ``runtime.throughput`` (pure); this module loads it from ``ThroughputEntry``
 rows and persists what changes. Learning happens in SQL, one UPDATE per telemetry batch that
 carries news, with the same rule as ``ThroughputTable.learn`` (``observation_weight``), so that
-concurrent batches of different jobs of one class never overwrite each other's observations.
+concurrent batches of different jobs of one class never overwrite each other's observations. It
+runs after the ingest transaction commits (``learn_after_commit``), so that no job's ingest holds
+the shared row while it holds its own job's row.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Case, F, FloatField, IntegerField, Value, When
-from django.db.models.functions import Cast, Greatest
+from django.db.models.functions import Cast, Greatest, Now
 
 from jobs.contracts import ThroughputEntryView
 from jobs.models import Allocation, Flavor, ThroughputSource
@@ -120,6 +122,7 @@ def learn(job_class: str, flavor: str, devices: int, samples_per_s: float) -> No
         "samples_per_s": Case(When(source=measured, then=blended), default=observed, output_field=FloatField()),
         "samples": Case(When(source=measured, then=F("samples") + 1), default=Value(1), output_field=IntegerField()),
         "source": measured,
+        "updated_at": Now(),  # QuerySet.update skips auto_now
     }
     if EntryRow.objects.filter(**key).update(**changes):
         return
@@ -160,3 +163,21 @@ def learn_from_telemetry(job_id: int, job_class: str, rank_stats: Mapping[str, A
         total += float(rate)
     learn(job_class, flavor, len(placed), total)
     return True
+
+
+def learn_after_commit(job_id: int, job_class: str, rank_stats: Mapping[str, Any]) -> None:
+    """``learn_from_telemetry`` once the caller's transaction commits, in a transaction of its own.
+
+    The entry's row is shared by every job of one (class, flavor, devices): updating it inside an
+    ingest transaction, which holds its job's row lock, would make the ingests of all those jobs
+    wait on one another. Learning is best effort: an error is logged, never raised to the caller.
+    """
+    stats = {rank: dict(values) for rank, values in rank_stats.items()}  # as of now, not of commit
+
+    def learn_quietly() -> None:
+        try:
+            learn_from_telemetry(job_id, job_class, stats)
+        except Exception:
+            log.exception("job %s: could not learn throughput from telemetry", job_id)
+
+    transaction.on_commit(learn_quietly)

@@ -19,6 +19,13 @@ nodes directly.
   arrangement: global link ``k`` of group ``g`` (``k = 0 .. routers * links - 1``, router
   ``k // links`` owns it) goes to group ``(g + k + 1) mod groups``, which needs
   ``groups <= routers_per_group * global_links_per_router + 1`` so every pair of groups is linked.
+  With exactly that many groups each pair of groups shares one cable. With fewer, the links wrap
+  around: a pair may share several parallel cables (and a link that would come back to its own
+  group is unused). The ``i``-th link of ``g`` to ``h`` (in order of ``k``) lands on the router
+  that owns the ``i``-th link of ``h`` to ``g`` (cycling when ``h`` has fewer), and the same
+  from ``h``'s side; a route takes the best of these cables, so between groups it is 3, plus one
+  when the cable leaves from another router than the source's, plus one when it lands on another
+  router than the destination's.
 - ``FatTree(pods, racks_per_pod, nodes_per_rack)``: coordinates ``(pod, rack, slot)``; a node
   hangs off its rack's edge switch, edge switches off their pod's aggregation switches, pods off
   the core. Counting every link: same node 0, same rack 2 (node, edge, node), same pod 4 (up to
@@ -34,6 +41,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any, ClassVar
 
 Coords = tuple[int, ...]
@@ -103,6 +111,19 @@ class Torus3D(Topology):
 
 
 @dataclass(frozen=True)
+class _Cables:
+    """The global cables between two groups, as (router on this side, router on the other)."""
+
+    pairs: frozenset[tuple[int, int]]
+    leaving: frozenset[int]  # routers on this side that own one
+    landing: frozenset[int]  # routers on the other side that one lands on
+
+    @classmethod
+    def of(cls, pairs: set[tuple[int, int]]) -> _Cables:
+        return cls(frozenset(pairs), frozenset(x for x, _ in pairs), frozenset(y for _, y in pairs))
+
+
+@dataclass(frozen=True)
 class Dragonfly(Topology):
     groups: int
     routers_per_group: int
@@ -122,19 +143,44 @@ class Dragonfly(Topology):
                 f"global_links_per_router = {most - 1} per group; use at most {most} groups or more links"
             )
 
-    def _owner(self, group: int, other: int) -> int:
-        """The router of ``group`` that owns the global link to ``other`` (consecutive arrangement)."""
-        k = (other - group - 1) % self.groups
-        return k // self.global_links_per_router
+    @cached_property
+    def _cables(self) -> dict[tuple[int, int], _Cables]:
+        """The global cables between each ordered pair of groups, built once (``hops`` is hot).
+
+        ``owners[g][h]`` lists the routers of ``g`` that own its links to ``h``, in order of ``k``;
+        the module docstring gives how the two sides' links pair up into cables.
+        """
+        ports = self.routers_per_group * self.global_links_per_router
+        owners: list[dict[int, list[int]]] = [{} for _ in range(self.groups)]
+        for g in range(self.groups):
+            for k in range(ports):
+                h = (g + k + 1) % self.groups
+                if h != g:  # a link back to its own group joins nothing
+                    owners[g].setdefault(h, []).append(k // self.global_links_per_router)
+        table: dict[tuple[int, int], _Cables] = {}
+        for g in range(self.groups):
+            for h in range(g + 1, self.groups):
+                out, back = owners[g][h], owners[h][g]  # both non-empty: __post_init__ checked
+                pairs = {(r, back[i % len(back)]) for i, r in enumerate(out)}
+                pairs |= {(out[i % len(out)], r) for i, r in enumerate(back)}
+                table[g, h] = _Cables.of(pairs)
+                table[h, g] = _Cables.of({(y, x) for x, y in pairs})
+        return table
 
     def hops(self, a: Coords, b: Coords) -> int:
+        # node -> router (1), [a local link to the cable's router: 1], the global cable (1),
+        # [a local link to the destination's router: 1], router -> node (1): the best cable wins.
         if a == b:
             return 0
         (ga, ra, _), (gb, rb, _) = a, b
         if ga == gb:
             return 2 if ra == rb else 3
-        out, back = self._owner(ga, gb), self._owner(gb, ga)
-        return 3 + (ra != out) + (rb != back)
+        cables = self._cables[ga, gb]
+        if (ra, rb) in cables.pairs:
+            return 3
+        if ra in cables.leaving or rb in cables.landing:
+            return 4
+        return 5
 
     def bounds(self) -> tuple[int, ...]:
         return (self.groups, self.routers_per_group, self.nodes_per_router)

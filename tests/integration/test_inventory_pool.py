@@ -114,3 +114,73 @@ def test_degraded_devices_are_offered_but_taken_last(pool):
     three = {d.device_id for d in free.take("ascend-910b", 3)}
     assert "npu-910b-0/0" not in three  # three healthy ones are free: the degraded one waits
     assert [d.device_id for d in free.take("ascend-910b", 1)] == ["npu-910b-0/0"]  # then it is the last
+
+
+def _staff(username: str, *codenames: str):
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    user = get_user_model().objects.create_user(username=username, password="pw-12345678", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="jobs", codename__in=codenames))
+    return get_user_model().objects.get(pk=user.pk)  # a fresh instance: no cached permissions
+
+
+HEALTH_ACTIONS = {"cordon", "uncordon", "mark_degraded", "mark_failed"}
+
+
+def test_only_staff_who_may_change_devices_get_the_health_actions(pool):
+    from django.contrib import admin
+    from django.test import Client, RequestFactory
+
+    device_admin = admin.site._registry[Device]
+    viewer = _staff("viewer", "view_device")
+    operator = _staff("operator", "view_device", "change_device")
+    for user, expected in ((viewer, set()), (operator, HEALTH_ACTIONS)):
+        request = RequestFactory().get("/admin/jobs/device/")
+        request.user = user
+        assert set(device_admin.get_actions(request)) & HEALTH_ACTIONS == expected
+
+    # Through the changelist as a browser posts it: the viewer's cordon does nothing.
+    device = Device.objects.get(device_id="gpu-h100-0/0")
+    form = {"action": "cordon", "_selected_action": [device.pk], "index": 0}
+    client = Client()
+    client.force_login(viewer)
+    assert client.get("/admin/jobs/device/").status_code == 200  # viewing is allowed
+    client.post("/admin/jobs/device/", form)
+    assert Device.objects.get(pk=device.pk).health == DeviceHealth.HEALTHY
+
+    client.force_login(operator)
+    client.post("/admin/jobs/device/", form)
+    assert Device.objects.get(pk=device.pk).health == DeviceHealth.CORDONED
+    client.post("/admin/jobs/device/", {**form, "action": "mark_degraded"})
+    assert Device.objects.get(pk=device.pk).health == DeviceHealth.DEGRADED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cordoning_waits_for_a_running_admission_cycle(pool):
+    import threading
+
+    from django.db import connection, transaction
+
+    from jobs.models import AdmissionLock
+
+    AdmissionLock.objects.get_or_create(pk=1)
+    changed: list[int] = []
+
+    def cordon() -> None:
+        try:
+            changed.append(services.set_device_health(["gpu-h100-0/0"], DeviceHealth.CORDONED, by="op"))
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=cordon)
+    with transaction.atomic():
+        AdmissionLock.objects.select_for_update().get(pk=1)  # as a cycle holds it
+        worker.start()
+        worker.join(0.5)
+        # The cordon waits for the cycle: the cycle's snapshot and allocations see the old health.
+        assert worker.is_alive() and not changed
+        assert Device.objects.get(device_id="gpu-h100-0/0").health == DeviceHealth.HEALTHY
+    worker.join(10)
+    assert changed == [1]
+    assert Device.objects.get(device_id="gpu-h100-0/0").health == DeviceHealth.CORDONED

@@ -121,3 +121,44 @@ def test_the_api_lists_entries_and_admission_prices_from_them(tenants, pool):
     counts = throughput.store_benchmarks([Entry("resnet-small", "h100-sxm", 2, 999.0, Source.BENCHMARK, 5)])
     assert counts == {"stored": 0, "kept": 1}
     assert throughput.table().lookup("resnet-small", "h100-sxm", 2).samples_per_s == 480.0
+
+
+def test_learning_waits_for_the_ingest_to_commit(tenants, pool):
+    from django.db import transaction
+
+    from jobs.telemetry import TelemetryEvent
+
+    job = running_on(tenants[0].id, devices_of("tpu-v4", 2))
+    events = [TelemetryEvent(**step(0, 5, "tpu-v4", 300.0)), TelemetryEvent(**step(1, 5, "tpu-v4", 310.0))]
+    with transaction.atomic():
+        assert services.ingest_telemetry(job_id=job.pk, token=services.ingest_token(job), events=events) == 2
+        # Not under the job's row lock: the shared entry is untouched until the ingest commits.
+        assert not ThroughputEntry.objects.exists()
+        assert TrainingJob.objects.get(pk=job.pk).steps_done == 5
+    row = ThroughputEntry.objects.get(job_class="synthetic-mlp", flavor="tpu-v4", devices=2)
+    assert (row.source, row.samples, row.samples_per_s) == ("measured", 1, pytest.approx(610.0))
+
+
+def test_a_failure_to_learn_never_fails_the_ingest(tenants, pool, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the table is away")
+
+    monkeypatch.setattr(throughput, "learn", broken)
+    job = running_on(tenants[0].id, devices_of("tpu-v4", 2))
+    post(job, [step(0, 5, "tpu-v4", 300.0), step(1, 5, "tpu-v4", 300.0)])
+    job.refresh_from_db()
+    assert job.steps_done == 5  # the progress is recorded
+    assert not ThroughputEntry.objects.exists()
+    assert "could not learn throughput" in caplog.text
+
+
+def test_learning_moves_updated_at(tenants, pool):
+    from datetime import timedelta
+
+    throughput.store_benchmarks([Entry("synthetic-mlp", "tpu-v4", 2, 500.0, Source.BENCHMARK, 40)])
+    long_ago = timezone.now() - timedelta(days=3)
+    ThroughputEntry.objects.update(updated_at=long_ago)  # update() leaves auto_now alone
+    throughput.learn("synthetic-mlp", "tpu-v4", 2, 640.0)
+    row = ThroughputEntry.objects.get()
+    assert row.samples_per_s == 640.0
+    assert row.updated_at > long_ago + timedelta(days=2)

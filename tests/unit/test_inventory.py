@@ -120,6 +120,34 @@ def test_dragonfly_hops_follow_the_consecutive_arrangement():
     assert fly.hops((1, 0, 0), (0, 1, 1)) == fly.hops((0, 1, 1), (1, 0, 0))
 
 
+def test_dragonfly_hops_take_the_best_of_parallel_global_links():
+    from runtime.inventory import Dragonfly
+
+    # 3 groups, 2 routers, 2 global links each: fewer groups than the 5 the links could reach, so
+    # group g's links k = 0..3 go to g+1 (router 0), g+2 (router 0), g itself (router 1, unused)
+    # and g+1 again (router 1). Each group's link to g+1 lands on the router that owns the far
+    # group's link back (router 0 of group g+1, its k = 1), so the cables are:
+    #   0-1: (0r0, 1r0) and (0r1, 1r0);  0-2: (0r0, 2r0) and (0r0, 2r1);  1-2: (1r0, 2r0), (1r1, 2r0).
+    fly = Dragonfly(groups=3, routers_per_group=2, global_links_per_router=2, nodes_per_router=2)
+    # Router 1 of group 0 owns a link straight to router 0 of group 1: node, global, node.
+    assert fly.hops((0, 1, 0), (1, 0, 0)) == 3
+    assert fly.hops((1, 0, 0), (0, 1, 0)) == 3
+    assert fly.hops((0, 0, 0), (1, 0, 1)) == 3
+    # Both cables land on router 0 of group 1: router 1 there costs a local hop.
+    assert fly.hops((0, 1, 0), (1, 1, 0)) == 4
+    assert fly.hops((0, 0, 0), (1, 1, 0)) == 4
+    # Group 0 -> 2 leaves from router 0 only, and reaches both routers of group 2 directly.
+    assert fly.hops((0, 0, 0), (2, 1, 0)) == 3
+    assert fly.hops((0, 1, 0), (2, 1, 0)) == 4
+    # Group 1 -> 2 lands on router 0 of group 2 only; from router 1 of group 1 it is still 3 to there.
+    assert fly.hops((1, 1, 0), (2, 0, 0)) == 3
+    assert fly.hops((1, 1, 0), (2, 1, 0)) == 4
+    for a in [(g, r, 0) for g in range(3) for r in range(2)]:
+        for b in [(g, r, 1) for g in range(3) for r in range(2)]:
+            assert fly.hops(a, b) == fly.hops(b, a)
+            assert 2 <= fly.hops(a, b) <= 5
+
+
 def test_fat_tree_hops():
     from runtime.inventory import FatTree
 
