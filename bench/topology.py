@@ -12,8 +12,16 @@ free devices are fragmented, and places gangs of 4, 8, 16 and 32 devices three w
 It prints, per topology and gang size, the mean step-time factor of the model
 (``runtime.inventory.step_time_factor``, ``comm_fraction`` 0.3, default ``LinkModel``) for each
 choice, the ratios aware / blind (below 1: the aware choice steps faster), the mean pairwise hops,
-and the time that ``choose_devices`` took per gang (also for gangs of 64). The last line is one
-JSON object with all of it.
+and the time that ``choose_devices`` took per gang (also for gangs of 64).
+
+Then the round simulator (``runtime.simulate.run_rounds``, policy ``aware``, rounds of 360 s) replays
+Gavel's ``static_multi_100`` trace (gangs of 1, 2, 4 and 8 devices) on 24 k80, 24 p100 and 24 v100
+laid out as 4-device nodes (6 per flavor, 18 nodes) in a fat tree (3 pods of 2 racks of 3 nodes, a
+pod per flavor) and in a 3D torus (3 x 3 x 2), once per device choice: ``topology`` (hop distance),
+``pack`` (fullest node first) and ``random`` (seeded). A placed job runs at the table's rate
+(consolidated only on one node) divided by the model's factor for its nodes. It prints avg JCT,
+makespan and the mean step-time factor of gangs of 2+ devices (weighted by the time they ran), and
+the ratios topology / random and topology / pack. The last line is one JSON object with all of it.
 
 The local backend runs every rank as a process on one host: every layout is the ideal one there,
 so topology-aware choice cannot change its step time and this bench reports no figure for it.
@@ -35,8 +43,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.inventory import Dragonfly, Fabric, FatTree, LinkModel, Topology, Torus3D, step_time_factor
+from runtime.inventory import Dragonfly, Fabric, FatTree, LinkModel, NodeSpec, Topology, Torus3D, step_time_factor
 from runtime.scheduling import FreeDevice, choose_devices
+from runtime.scheduling.policies import get_policy
+from runtime.simulate import load_gavel_throughputs, load_trace, run_rounds, summarize
+from runtime.simulate.rounds import DEVICE_CHOICES, Cluster
 
 DEVICES_PER_NODE = 8
 GANGS = (4, 8, 16, 32)
@@ -77,6 +88,86 @@ def fragmented(fabric: Fabric, rng: random.Random) -> list[FreeDevice]:
 def pairwise_hops(devices: list[FreeDevice], fabric: Fabric) -> float:
     pairs = list(combinations(devices, 2))
     return sum(fabric.hops(a.node, b.node) for a, b in pairs) / len(pairs)
+
+
+GAVEL = Path(__file__).resolve().parent / "data" / "gavel"
+SIM_TRACE = "static_multi_100"
+SIM_FLAVORS = ("k80", "p100", "v100")
+SIM_DEVICES_PER_NODE = 4
+SIM_NODES_PER_FLAVOR = 6
+
+
+def sim_topologies() -> dict[str, Topology]:
+    return {  # 18 nodes each
+        "fat-tree": FatTree(pods=3, racks_per_pod=2, nodes_per_rack=3),
+        "torus3d": Torus3D(dims=(3, 3, 2)),
+    }
+
+
+def simulate(seed: int, link: LinkModel) -> dict[str, object]:
+    """Replay the trace once per topology and device choice; figures per topology."""
+    table = load_gavel_throughputs(GAVEL / "throughputs.csv")
+    trace = load_trace(GAVEL / f"trace_{SIM_TRACE}.csv", table)
+    nodes = [
+        NodeSpec(name=f"{flavor}-{i}", flavor=flavor, devices=SIM_DEVICES_PER_NODE)
+        for flavor in SIM_FLAVORS
+        for i in range(SIM_NODES_PER_FLAVOR)
+    ]
+    print(
+        f"round simulator: {SIM_TRACE}, policy aware, {len(nodes)} nodes of {SIM_DEVICES_PER_NODE} devices"
+        f" ({SIM_NODES_PER_FLAVOR * SIM_DEVICES_PER_NODE} each of {', '.join(SIM_FLAVORS)})"
+    )
+    print("  topology  choice    avg JCT h  makespan h  gang factor  placements  wall s")
+    out: dict[str, object] = {}
+    for name, topology in sim_topologies().items():
+        fabric = Fabric(topology=topology, coords=dict(zip((n.name for n in nodes), all_coords(topology), strict=True)))
+        cluster = Cluster.laid_out(nodes, fabric)
+        runs: dict[str, dict[str, float]] = {}
+        for choice in DEVICE_CHOICES:
+            started = time.perf_counter()
+            result = run_rounds(
+                trace,
+                cluster,
+                get_policy("aware"),
+                table,
+                device_choice=choice,
+                comm_fraction=COMM_FRACTION,
+                link=link,
+                seed=seed,
+            )
+            wall = time.perf_counter() - started
+            summary = summarize(result)
+            runs[choice] = {
+                "avg_jct_h": round(summary.avg_jct_h, 3),
+                "makespan_h": round(summary.makespan_h, 3),
+                "gang_factor": round(result.mean_gang_factor, 4),
+                "placements": sum(len(v) for v in result.placements.values()),
+                "wall_s": round(wall, 2),
+            }
+            r = runs[choice]
+            print(
+                f"  {name:9s} {choice:9s} {r['avg_jct_h']:9.2f}  {r['makespan_h']:10.1f}  {r['gang_factor']:11.3f}"
+                f"  {r['placements']:10d}  {r['wall_s']:6.2f}"
+            )
+        ratios = {
+            f"{key}_topology_vs_{blind}": round(runs["topology"][key] / runs[blind][key], 4)
+            for blind in ("random", "pack")
+            for key in ("avg_jct_h", "makespan_h", "gang_factor")
+        }
+        print(
+            "  ratios topology / random: avg JCT {avg_jct_h_topology_vs_random:.3f}, makespan "
+            "{makespan_h_topology_vs_random:.3f}, factor {gang_factor_topology_vs_random:.3f};"
+            " topology / pack: {avg_jct_h_topology_vs_pack:.3f}, {makespan_h_topology_vs_pack:.3f},"
+            " {gang_factor_topology_vs_pack:.3f}".format(**ratios)
+        )
+        out[name] = {**runs, "ratios": ratios}
+    return {
+        "trace": SIM_TRACE,
+        "policy": "aware",
+        "nodes": len(nodes),
+        "devices_per_node": SIM_DEVICES_PER_NODE,
+        "topologies": out,
+    }
 
 
 def main() -> None:
@@ -157,6 +248,7 @@ def main() -> None:
             "gangs": rows,
             "choose_ms": choice_ms,
         }
+    result["simulator"] = simulate(args.seed, link)
     print(json.dumps(result, separators=(",", ":")))
 
 

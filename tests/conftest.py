@@ -2,9 +2,38 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
+
+
+def _retry_flush_on_deadlock() -> None:
+    """A test with the live stack ends while the stack's worker may still be inside an admission cycle or
+    an ingest. The flush's TRUNCATE then waits on the worker's locks while the worker waits on a table the
+    TRUNCATE already holds; PostgreSQL breaks the cycle by failing one side, sometimes the flush. The flush
+    is idempotent, so it is retried after the worker's transaction has ended."""
+    from django.core.management.base import CommandError
+    from django.core.management.commands import flush
+
+    handle = flush.Command.handle
+
+    def handle_with_retry(self: Any, **options: Any) -> Any:
+        for attempt in range(4):
+            try:
+                return handle(self, **options)
+            except CommandError as exc:
+                if attempt == 3 or "deadlock" not in str(exc.__cause__ or exc).lower():
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        return None
+
+    flush.Command.handle = handle_with_retry  # type: ignore[method-assign]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _retry_flush_on_deadlock()
 
 
 @dataclass(frozen=True)

@@ -14,27 +14,81 @@ its devices' throughputs times ``balance_efficiency``.
 Rates: a single-flavor gang that fits on one server runs at the table's consolidated rate, otherwise at
 the unconsolidated one; each device of a mixed gang contributes its flavor's unconsolidated per-device
 rate for the gang's size.
+
+Device layout (optional): a ``Cluster`` built with ``Cluster.laid_out(nodes, fabric)`` (or
+``Cluster.from_pool``) has nodes with coordinates in a topology, and the simulator then tracks which
+devices each running job holds. A job that runs on in the configuration it ran in keeps its devices;
+every other placement takes devices from those not held by a continuing job, chosen by
+``device_choice``: ``"topology"`` (``runtime.scheduling.FreePool`` with the fabric's hop distance: one
+node if one has room, else the nearest nodes), ``"pack"`` (fullest node first, topology-blind, as
+production without a fabric) or ``"random"`` (seeded, a topology-blind baseline). Larger gangs choose
+first. A placed job runs at its table rate on one node (consolidated), divided by the step-time
+model's factor for its devices' nodes (``runtime.inventory.step_time_factor`` with ``comm_fraction``,
+the share of an ideally placed step spent communicating, and ``link``); the factor's baseline is one
+node, so a spread gang pays for its spread once, not again through the table's spread rate. The
+policy and the round plan still see the configuration's rates (server size: the largest node of the
+flavor), so the device choice changes only how fast placed jobs run. Without a layout none of this
+happens and the figures are as before.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
+from runtime.inventory import Fabric, LinkModel, NodeSpec, Pool, step_time_factor
+from runtime.scheduling.placement import FreeDevice, FreePool
 from runtime.scheduling.policies import AllocationProblem, Config, Policy, PolicyJob, configs_for
 from runtime.scheduling.rounds import RoundJob, plan_round
 from runtime.simulate.admission import water_fill
 from runtime.simulate.trace import SimJob, ThroughputTable
 
-__all__ = ["Cluster", "RoundResult", "Summary", "run_rounds", "summarize"]
+__all__ = ["DEVICE_CHOICES", "Cluster", "GangPlacement", "RoundResult", "Summary", "run_rounds", "summarize"]
+
+DeviceChoice = Literal["topology", "pack", "random"]
+DEVICE_CHOICES: tuple[DeviceChoice, ...] = ("topology", "pack", "random")
 
 
 @dataclass(frozen=True)
 class Cluster:
     devices: Mapping[str, int]  # flavor -> devices
     devices_per_server: Mapping[str, int] = field(default_factory=dict)  # flavor -> devices per server (1)
+    # The optional device layout: nodes (name, flavor, devices) and their places in a topology.
+    nodes: tuple[NodeSpec, ...] = ()
+    fabric: Fabric | None = None
+
+    def __post_init__(self) -> None:
+        if self.fabric is None:
+            if self.nodes:
+                raise ValueError("nodes need a fabric (their topology and coordinates); use Cluster.laid_out")
+            return
+        counts: dict[str, int] = defaultdict(int)
+        for node in self.nodes:
+            if node.name not in self.fabric.coords:
+                raise ValueError(f"node {node.name!r}: the fabric gives it no coordinates")
+            counts[node.flavor] += node.devices
+        if dict(counts) != {f: n for f, n in self.devices.items() if n > 0}:
+            raise ValueError(f"the nodes hold {dict(counts)} devices, the cluster says {dict(self.devices)}")
+
+    @classmethod
+    def laid_out(cls, nodes: Sequence[NodeSpec], fabric: Fabric) -> Cluster:
+        """A cluster of ``nodes`` (name, flavor, devices) placed by ``fabric``; a flavor's server size is
+        its largest node, for the policy's view of consolidated rates."""
+        devices: dict[str, int] = defaultdict(int)
+        largest: dict[str, int] = defaultdict(int)
+        for node in nodes:
+            devices[node.flavor] += node.devices
+            largest[node.flavor] = max(largest[node.flavor], node.devices)
+        return cls(dict(devices), dict(largest), tuple(nodes), fabric)
+
+    @classmethod
+    def from_pool(cls, pool: Pool) -> Cluster:
+        """A pool file's nodes in its fabric (a fat tree from racks when it names no topology)."""
+        return cls.laid_out(pool.nodes, pool.fabric())
 
     def server_size(self, flavor: str) -> int:
         return self.devices_per_server.get(flavor, 1)
@@ -42,6 +96,23 @@ class Cluster:
     @property
     def total(self) -> int:
         return sum(self.devices.values())
+
+
+@dataclass(frozen=True)
+class GangPlacement:
+    """Where a job was placed (with a device layout): from ``start_s`` until it next moved, waited or
+    finished. ``nodes`` has one entry per device, in ``devices``' order."""
+
+    start_s: float
+    config: Config
+    devices: tuple[str, ...]
+    nodes: tuple[str, ...]
+    factor: float  # the step-time model's factor for these nodes (1.0: as fast as on one node)
+    steps_per_s: float  # the job's speed there: table rate / factor
+
+    @property
+    def consolidated(self) -> bool:
+        return len(set(self.nodes)) == 1
 
 
 @dataclass
@@ -58,6 +129,15 @@ class RoundResult:
     restarts: int = 0
     mixed_rounds: int = 0  # rounds in which some job ran on a mix of flavors
     decision_s: list[float] = field(default_factory=list)  # policy + plan time per round (wall clock)
+    # With a device layout: each job's placements in order (a continuing job keeps its entry).
+    placements: dict[int, list[GangPlacement]] = field(default_factory=lambda: defaultdict(list))
+    gang_s: float = 0.0  # seconds run by gangs of 2+ devices (with a layout)
+    gang_factor_s: float = 0.0  # the same seconds, each times its gang's step-time factor
+
+    @property
+    def mean_gang_factor(self) -> float:
+        """The step-time factor of gangs of 2+ devices, weighted by the time they ran (nan: none ran)."""
+        return self.gang_factor_s / self.gang_s if self.gang_s else math.nan
 
     @property
     def jct_s(self) -> dict[int, float]:
@@ -114,6 +194,8 @@ class _Active:
     remaining_steps: float
     current: Config | None = None
     received_s: dict[Config, float] = field(default_factory=lambda: defaultdict(float))
+    devices: tuple[FreeDevice, ...] = ()  # with a device layout: the devices it holds
+    placement: GangPlacement | None = None  # with a device layout: its current placement
 
 
 class _Rates:
@@ -147,6 +229,24 @@ class _Rates:
             per_device += count * gang_rate / job.devices
         return per_device * self.balance_efficiency
 
+    def on_one_node(self, job: SimJob, config: Config) -> float:
+        """The table's rate as if every device of the gang shared one node (the consolidated rate; a mix at
+        each flavor's consolidated per-device rate). With a layout, the step-time factor then charges the
+        gang for how it is actually spread, so the table's own spread penalty is not paid twice."""
+        if config.mixed:
+            per_device = 0.0
+            for flavor, count in config.counts:
+                gang = self.table.steps_per_s(job.job_type, flavor, job.devices, consolidated=True)
+                if gang is None:
+                    gang = self.table.steps_per_s(job.job_type, flavor, job.devices, consolidated=False) or 0.0
+                per_device += count * gang / job.devices
+            return per_device * self.balance_efficiency
+        flavor, count = config.counts[0]
+        rate = self.table.steps_per_s(job.job_type, flavor, count, consolidated=True)
+        if rate is None:
+            rate = self.table.steps_per_s(job.job_type, flavor, count, consolidated=False)
+        return rate or 0.0
+
     def flavors_for(self, job: SimJob) -> tuple[str, ...]:
         allowed = job.flavors or tuple(self.cluster.devices)
         return tuple(
@@ -154,6 +254,74 @@ class _Rates:
             for f in allowed
             if self.table.steps_per_s(job.job_type, f, job.devices, consolidated=False) not in (None, 0.0)
         )
+
+
+class _RandomFree:
+    """Free devices handed out at random (seeded): the topology-blind baseline."""
+
+    def __init__(self, devices: Sequence[FreeDevice], seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.free: dict[str, dict[str, FreeDevice]] = defaultdict(dict)  # flavor -> id -> device
+        self.put(devices)
+
+    def put(self, devices: Sequence[FreeDevice]) -> None:
+        for device in devices:
+            self.free[device.flavor][device.device_id] = device
+
+    def take_many(self, counts: Mapping[str, int]) -> list[FreeDevice]:
+        chosen: list[FreeDevice] = []
+        for flavor, k in counts.items():
+            free = self.free[flavor]
+            picked = self.rng.sample(sorted(free), k)
+            chosen.extend(free.pop(device_id) for device_id in picked)
+        return chosen
+
+
+class _Placer:
+    """Chooses devices for placements and prices them in the step-time model (a cluster with a layout)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        rates: _Rates,
+        device_choice: DeviceChoice,
+        comm_fraction: float,
+        link: LinkModel | None,
+        seed: int,
+    ) -> None:
+        assert cluster.fabric is not None
+        self.fabric = cluster.fabric
+        self.rates = rates
+        self.comm_fraction = comm_fraction
+        self.link = link or LinkModel()
+        devices = [
+            FreeDevice(device_id=f"{node.name}/{i}", node=node.name, flavor=node.flavor)
+            for node in cluster.nodes
+            for i in range(node.devices)
+        ]
+        self.free: FreePool | _RandomFree
+        if device_choice == "random":
+            self.free = _RandomFree(devices, seed)
+        else:
+            self.free = FreePool(devices, distance=self.fabric.hops if device_choice == "topology" else None)
+        self._factors: dict[tuple[tuple[int, ...], ...], float] = {}
+
+    def release(self, state: _Active) -> None:
+        self.free.put(state.devices)
+        state.devices, state.placement = (), None
+
+    def place(self, state: _Active, config: Config, now: float) -> GangPlacement:
+        devices = tuple(self.free.take_many(dict(config.counts)))
+        nodes = tuple(d.node for d in devices)
+        layout = tuple(sorted(self.fabric.coords[node] for node in nodes))
+        factor = self._factors.get(layout)
+        if factor is None:
+            factor = step_time_factor(layout, self.fabric.topology, self.comm_fraction, self.link)
+            self._factors[layout] = factor
+        rate = self.rates.on_one_node(state.job, config)
+        placement = GangPlacement(now, config, tuple(d.device_id for d in devices), nodes, factor, rate / factor)
+        state.devices, state.placement = devices, placement
+        return placement
 
 
 def run_rounds(
@@ -168,16 +336,32 @@ def run_rounds(
     tenant_weights: Mapping[int, float] | None = None,
     progress: Callable[[int, int, float], None] | None = None,
     clock: Callable[[], float] | None = None,
+    device_choice: DeviceChoice = "topology",
+    comm_fraction: float = 0.3,
+    link: LinkModel | None = None,
+    seed: int = 0,
 ) -> RoundResult:
     """Replay ``trace`` until every job is done. ``progress(done, total, now_s)`` is called after each round;
-    ``clock`` (e.g. ``time.perf_counter``) times each round's decision when given."""
+    ``clock`` (e.g. ``time.perf_counter``) times each round's decision when given.
+
+    With a device layout (``cluster.fabric``): ``device_choice`` picks the devices of each placement
+    (``"topology"``, ``"pack"`` or ``"random"`` seeded by ``seed``); ``comm_fraction`` (the share of an
+    ideally placed step spent communicating, in [0, 1]) and ``link`` set the step-time model. Without a
+    layout these four are ignored."""
     if round_s <= 0:
         raise ValueError("round_s must be > 0")
     if not 0 <= restart_cost_s < round_s:
         raise ValueError(f"restart_cost_s must be in [0, round_s={round_s:g}); a restart that costs a round never ends")
     if not 0 < balance_efficiency <= 1:
         raise ValueError("balance_efficiency must be in (0, 1]")
+    if device_choice not in DEVICE_CHOICES:
+        raise ValueError(f"device_choice must be one of {', '.join(DEVICE_CHOICES)}, got {device_choice!r}")
+    if not 0.0 <= comm_fraction <= 1.0:
+        raise ValueError(f"comm_fraction must be in [0, 1], got {comm_fraction!r}")
     rates = _Rates(table, cluster, balance_efficiency)
+    placer = None
+    if cluster.fabric is not None:
+        placer = _Placer(cluster, rates, device_choice, comm_fraction, link, seed)
     weights = dict(tenant_weights or {})
     capacity = {f: n for f, n in cluster.devices.items() if n > 0}
     result = RoundResult(policy=policy.name)
@@ -263,6 +447,15 @@ def run_rounds(
 
         if any(config.mixed for config in plan.values()):
             result.mixed_rounds += 1
+        if placer is not None:
+            # Jobs that stop or change configuration give their devices back before anyone chooses.
+            for job_id, state in active.items():
+                if state.devices and plan.get(job_id) != state.current:
+                    placer.release(state)
+            for job_id in sorted(plan, key=lambda j: (-plan[j].devices, j)):
+                state = active[job_id]
+                if not state.devices:
+                    result.placements[job_id].append(placer.place(state, plan[job_id], now))
         for job_id, state in list(active.items()):
             config = plan.get(job_id)
             if config is None:
@@ -273,7 +466,8 @@ def run_rounds(
                 startup = restart_cost_s
                 result.restarts += 1
             state.current = config
-            speed = rate_of(job_id, config)
+            placement = state.placement
+            speed = rate_of(job_id, config) if placement is None else placement.steps_per_s
             if speed <= 0:
                 raise RuntimeError(f"job {job_id} placed on {config}, where the table gives it no speed")
             useful = max(0.0, round_s - startup)
@@ -281,11 +475,16 @@ def run_rounds(
             if speed > 0 and state.remaining_steps <= speed * useful:
                 held = startup + state.remaining_steps / speed
                 result.finish_s[job_id] = now + held
+                if placer is not None:
+                    placer.release(state)
                 del active[job_id]
                 changed = True
             else:
                 state.remaining_steps -= speed * useful
                 state.received_s[config] += round_s
+            if placement is not None and config.devices > 1:
+                result.gang_s += held
+                result.gang_factor_s += placement.factor * held
             result.busy_device_s += config.devices * held
             result.held_device_s[state.job.tenant_id] += config.devices * held
         result.rounds += 1
