@@ -41,6 +41,7 @@ __all__ = [
     "PolicyJob",
     "SolverError",
     "configs_for",
+    "fair_floor",
     "get_policy",
     "preferred_flavors",
 ]
@@ -297,7 +298,15 @@ def _flat_scores(program: _Program) -> np.ndarray:
 SURPLUS_RULES = (None, "throughput", "shortest")
 
 
-def _max_min(problem: AllocationProblem, *, aware: bool, mixes: bool, surplus: str | None = None) -> Allocation:
+def fair_floor(problem: AllocationProblem, *, mixes: bool) -> float:
+    """The heterogeneity-aware max-min optimum: the normalized score every job can be given at once
+    (stage 1 of ``aware``, or of ``mixed`` with ``mixes``). For reports: how much mixing raises it."""
+    return _max_min(problem, aware=True, mixes=mixes, surplus=None)[1]
+
+
+def _max_min(
+    problem: AllocationProblem, *, aware: bool, mixes: bool, surplus: str | None = None
+) -> tuple[Allocation, float]:
     """Stage 1 is Gavel's LP: maximize t with every job's weighted score >= t. Its optimum is not unique
     above the floor: an interior-point solver returns the centre of the optimal face, which spreads time
     over slow configurations as readily as fast ones. Stage 2 (``surplus``) keeps every job at the floor
@@ -305,7 +314,7 @@ def _max_min(problem: AllocationProblem, *, aware: bool, mixes: bool, surplus: s
     program = _build(problem, aware=aware, mixes=mixes)
     n_jobs, n_cols = len(program.jobs), len(program.columns)
     if n_cols == 0:
-        return {job.job_id: {} for job in program.jobs}
+        return {job.job_id: {} for job in program.jobs}, 0.0
     base, base_bounds = _constraint_rows(program)
     scores = _flat_scores(program)
     weights = np.array([job.weight for job in program.jobs])
@@ -319,9 +328,9 @@ def _max_min(problem: AllocationProblem, *, aware: bool, mixes: bool, surplus: s
     objective = np.zeros(n_cols + 1)
     objective[-1] = -1.0  # maximize t
     stage1 = _solve(objective, a_ub, b_ub, np.concatenate([np.ones(n_cols), [np.inf]]))
+    floor = float(stage1[-1])
     if surplus is None:
-        return _to_allocation(program, stage1[:-1])
-    floor = stage1[-1]
+        return _to_allocation(program, stage1[:-1]), floor
     value = scores
     if surplus == "shortest":
         remaining = program.remaining_s
@@ -334,7 +343,7 @@ def _max_min(problem: AllocationProblem, *, aware: bool, mixes: bool, surplus: s
     floor_rows = bmat([[base], [fair_rows]], format="csr")
     floor_bounds = np.concatenate([base_bounds, -floor * (1 - 1e-6) * weights[runnable]])
     x = _solve(-value, floor_rows, floor_bounds, np.ones(n_cols))
-    return _to_allocation(program, x)
+    return _to_allocation(program, x), floor
 
 
 class FairSharePolicy:
@@ -345,7 +354,7 @@ class FairSharePolicy:
     mixes = False
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
-        return _max_min(problem, aware=False, mixes=False)
+        return _max_min(problem, aware=False, mixes=False)[0]
 
 
 class MaxMinAwarePolicy:
@@ -363,7 +372,7 @@ class MaxMinAwarePolicy:
         self.surplus = surplus
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
-        return _max_min(problem, aware=True, mixes=self.mixes, surplus=self.surplus)
+        return _max_min(problem, aware=True, mixes=self.mixes, surplus=self.surplus)[0]
 
 
 class MixedGangPolicy(MaxMinAwarePolicy):
