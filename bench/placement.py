@@ -21,7 +21,8 @@ steps over the *consolidated* rate). So the comparison runs gangs of one flavor 
 (consolidated rates), as Gavel's figures do; ``--one-device-per-server`` reruns with the README's layout.
 
 --quick times the 10,000-job round once instead of three times and takes shorter cost measurements;
-the trace figures are deterministic and the same in both modes. The last line is one JSON object.
+the replays are deterministic for given costs (the measured restart cost moves them a little from run
+to run). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ def chart(figures: dict[str, dict], path: Path) -> None:
     )
     width = left + len(groups) * (2 * bar + 3 * gap) + 40
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + height + 120}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + height + 170}" '
         'font-family="sans-serif" font-size="11">',
         f'<text x="{left}" y="18" font-size="13">Average JCT (h): Polychip (blue) and Gavel as reported (grey)</text>',
     ]
@@ -242,6 +243,10 @@ def chart(figures: dict[str, dict], path: Path) -> None:
             parts.append(
                 f'<rect x="{x + k * (bar + gap)}" y="{top + height - h:.1f}" width="{bar}" height="{h:.1f}" '
                 f'fill="{colour}"><title>{trace} {policy}: {value:.2f} h</title></rect>'
+            )
+            parts.append(
+                f'<text x="{x + k * (bar + gap) + bar / 2}" y="{top + height - h - 3:.1f}" font-size="9" '
+                f'text-anchor="middle">{value:.0f}</text>'
             )
         label_x, label_y = x + bar, top + height + 8
         parts.append(
