@@ -4,6 +4,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = [
+    "runtime.balancing",
     "runtime.catalog",
     "runtime.inventory",
     "runtime.jobspec",
