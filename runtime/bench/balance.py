@@ -13,7 +13,6 @@ the local backend at their relative speeds (``runtime.backends.local.bench.run_e
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any
 
 from runtime.backends.local import find_free_port
 from runtime.backends.local.bench import RankRun, run_emulated_ranks
+from runtime.balancing import proportional_split
 from runtime.jobspec import WorkloadSpec
 from runtime.worker.config import WorkerConfig
 
@@ -32,21 +32,6 @@ WARMUP_STEPS = 5
 class BalanceMeasurement:
     efficiency: float  # the gang's samples/s over the sum of the ranks' solo samples/s
     detail: dict[str, Any] = field(default_factory=dict)
-
-
-def proportional_split(global_batch: int, speeds: Sequence[float]) -> tuple[int, ...]:
-    """Split ``global_batch`` in proportion to ``speeds`` (largest remainders; every rank gets >= 1)."""
-    if not speeds or any(not math.isfinite(s) or s <= 0 for s in speeds):
-        raise ValueError(f"speeds must be positive numbers, one per rank, got {list(speeds)}")
-    if global_batch < len(speeds):
-        raise ValueError(f"global_batch ({global_batch}) must be at least the number of ranks ({len(speeds)})")
-    spare = global_batch - len(speeds)  # one sample each first, so no rank idles
-    shares = [spare * s / sum(speeds) for s in speeds]
-    split = [1 + math.floor(share) for share in shares]
-    by_remainder = sorted(range(len(speeds)), key=lambda i: (-(shares[i] - math.floor(shares[i])), i))
-    for i in by_remainder[: global_batch - sum(split)]:
-        split[i] += 1
-    return tuple(split)
 
 
 def steady_rate(steps: Sequence[dict[str, Any]], samples_per_step: int) -> tuple[float, int]:
@@ -109,7 +94,7 @@ def measure_balance_efficiency(
         raise ValueError(f"relative_speeds: give 2 to 8 ranks, got {len(relative_speeds)}")
     if steps <= WARMUP_STEPS + 2:
         raise ValueError(f"steps must be more than {WARMUP_STEPS + 2} (the first {WARMUP_STEPS} are warm-up)")
-    split = proportional_split(global_batch, relative_speeds)
+    split = proportional_split(global_batch, relative_speeds).per_rank()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="polychip-balance-") as tmp:
         configs = []

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from runtime.bench.balance import proportional_split
 from runtime.bench.macro import WORKLOADS, resnet_small, synthetic_mlp, training_rate, transformer_small
 from runtime.bench.micro import host_device_copy_gbps, matmul_tflops, memory_bandwidth_gbps
 from runtime.bench.suite import SuiteResult, benchmark_entries, run_suite, seed_table
@@ -75,12 +74,3 @@ def test_the_cli_prints_json():
     from runtime.bench.__main__ import main
 
     assert main(["--quick", "--json", "--no-micro", "--class", "synthetic-mlp"]) == 0
-
-
-def test_proportional_split():
-    assert proportional_split(96, [1.0, 0.5]) == (64, 32)
-    assert proportional_split(96, [1.0, 0.6, 0.3]) == (50, 30, 16)
-    assert sum(proportional_split(7, [1.0, 1.0, 1.0])) == 7
-    assert proportional_split(3, [100.0, 1.0, 1.0]) == (1, 1, 1)  # nobody idles
-    with pytest.raises(ValueError, match="at least the number of ranks"):
-        proportional_split(1, [1.0, 1.0])
