@@ -45,6 +45,8 @@ class JobView:
     borrowing: bool = False
     attempt: int = 0
     preemptions: int = 0
+    # How the global batch is split: {mode, efficiency, split, rebalances, ...}; see services.balance_view.
+    balance: dict[str, Any] | None = None
 
     @property
     def progress(self) -> float:

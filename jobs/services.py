@@ -41,7 +41,7 @@ from jobs.models import (
 from jobs.telemetry import TelemetryEvent
 from runtime.backends.base import LaunchRequest, Phase, RankPlacement
 from runtime.inventory import Fabric, Pool, make_topology, rack_fat_tree
-from runtime.jobspec import JobSpec, parse_workload
+from runtime.jobspec import JobSpec, parse_balancing, parse_workload
 from runtime.scheduling import QuotaLedger
 from runtime.scheduling.model import MILLI, NAU
 
@@ -134,7 +134,29 @@ def to_view(job: TrainingJob, *, position: int | None = None) -> JobView:
         borrowing=job.borrowing,
         attempt=job.attempt,
         preemptions=job.preemptions,
+        balance=balance_view(job),
     )
+
+
+def balance_view(job: TrainingJob) -> dict[str, Any]:
+    """The job's balancing as the API and portal show it: the spec's mode and, once rank 0 reported,
+    the current split (chunks of per-rank samples), its balance efficiency on the predicted speeds,
+    the predicted per-rank samples/s, and how many times the split changed."""
+    stored = job.rank_stats.get(BALANCE_KEY) or {}
+    spec = job.spec.get("balancing") if isinstance(job.spec, dict) else None
+    mode = spec.get("mode", "dynamic") if isinstance(spec, dict) else "dynamic"
+    split = stored.get("split")
+    return {
+        "mode": mode,
+        "efficiency": stored.get("efficiency"),
+        "split": split,
+        "micro_batches": [sum(chunk[r] for chunk in split) for r in range(len(split[0]))] if split else None,
+        "accumulation": len(split) if split else None,
+        "predicted_samples_per_s": stored.get("predicted"),
+        "rebalances": stored.get("rebalances", 0),
+        "last_rebalance": stored.get("last_rebalance"),
+        "stragglers": sorted({rank for rank, _ in stored.get("stragglers", [])}),
+    }
 
 
 def get_job(*, tenant_id: int, job_id: int) -> JobView:
@@ -501,9 +523,18 @@ def ingest_token(job: TrainingJob) -> str:
 
 def _launch_request(job: TrainingJob) -> LaunchRequest:
     allocations = job.allocations.filter(ended_at__isnull=True).select_related("device__node", "device__flavor")
+    ordered = list(allocations.order_by("rank"))
+    scores = _balancing_scores(job.job_class, {a.device.flavor for a in ordered})
     placements = tuple(
-        RankPlacement(rank=a.rank, device_id=a.device.device_id, flavor=a.device.flavor.name, node=a.device.node.name)
-        for a in allocations.order_by("rank")
+        RankPlacement(
+            rank=a.rank,
+            device_id=a.device.device_id,
+            flavor=a.device.flavor.name,
+            node=a.device.node.name,
+            score=scores[a.device.flavor.name],
+            memory_gib=a.device.flavor.memory_gib,
+        )
+        for a in ordered
     )
     return LaunchRequest(
         job_id=run_key(job),
@@ -512,7 +543,20 @@ def _launch_request(job: TrainingJob) -> LaunchRequest:
         telemetry_url=f"{settings.POLYCHIP_PUBLIC_URL.rstrip('/')}/api/v1/ingest/jobs/{job.pk}/telemetry",
         telemetry_token=ingest_token(job),
         artifacts_dir=str(settings.POLYCHIP_ARTIFACTS_DIR / run_key(job)),
+        balancing=parse_balancing(job.spec.get("balancing")).mode,
     )
+
+
+def _balancing_scores(job_class: str, flavors: Iterable[Flavor]) -> dict[str, float]:
+    """Each flavor's benchmark score for the balancer's first split, in one unit for the whole job: the
+    throughput table's per-device samples/s for the job's class when it has a benchmarked or measured
+    figure for every flavor of the job, else the flavors' peak bf16 TFLOP/s."""
+    chosen = list(flavors)
+    measured = throughput.measured_per_device()
+    rates = {f.name: measured.get((job_class, f.name)) for f in chosen}
+    if all(rate is not None and rate > 0 for rate in rates.values()):
+        return {name: float(rate) for name, rate in rates.items() if rate is not None}
+    return {f.name: float(f.peak_bf16_tflops) for f in chosen}
 
 
 def provision_job(job_id: int) -> bool:
@@ -714,15 +758,23 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
         losses = list(job.recent_losses)
         for event in sorted(events, key=lambda e: (e.ts, e.step or 0)):
             if event.kind == "step" and event.step is not None:
-                job.rank_stats[str(event.rank)] = {
-                    "flavor": event.flavor,
-                    "device_id": event.device_id,
-                    "step": event.step,
-                    "samples": event.samples,
-                    "samples_per_s": event.samples_per_s,
-                    "step_time_s": event.step_time_s,
-                }
-                fields.add("rank_stats")
+                previous = job.rank_stats.get(str(event.rank)) or {}
+                if (previous.get("step") or 0) <= event.step:
+                    job.rank_stats[str(event.rank)] = {
+                        "flavor": event.flavor,
+                        "device_id": event.device_id,
+                        "step": event.step,
+                        "samples": event.samples,
+                        # The rank's share of the global batch per optimizer step, and its own speed
+                        # (its compute alone, before it waits for the others).
+                        "micro_batch": event.samples,
+                        "samples_per_s": event.samples_per_s,
+                        "step_time_s": event.step_time_s,
+                    }
+                    fields.add("rank_stats")
+                if event.rank == 0 and (event.split is not None or event.global_samples_per_s is not None):
+                    _fold_balance(job, event)
+                    fields.add("rank_stats")
                 # Rank 0 speaks for the job: every rank reports the same global loss.
                 if event.rank == 0 and event.step > job.steps_done and event.loss is not None:
                     job.steps_done = event.step
@@ -735,9 +787,36 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
             elif event.kind == "finished" and event.rank == 0 and event.artifact:
                 job.artifact_path = event.artifact
                 fields.add("artifact_path")
+            elif event.kind == "rebalanced" and event.step is not None and event.split is not None:
+                balance = job.rank_stats.setdefault(BALANCE_KEY, {})
+                if event.step > (balance.get("last_rebalance") or {}).get("step", 0):
+                    balance["rebalances"] = balance.get("rebalances", 0) + 1
+                    balance["last_rebalance"] = {
+                        "step": event.step,
+                        "split": [list(chunk) for chunk in event.split],
+                        "reason": event.reason,
+                        "steps_since_drift": event.steps_since_drift,
+                    }
+                    fields.add("rank_stats")
+            elif event.kind == "straggler" and event.straggler_rank is not None and event.step is not None:
+                balance = job.rank_stats.setdefault(BALANCE_KEY, {})
+                reported = balance.setdefault("stragglers", [])
+                if [event.straggler_rank, event.step] not in reported:  # a retried batch reports it once
+                    reported.append([event.straggler_rank, event.step])
+                    del reported[:-20]
+                    fields.add("rank_stats")
+                    _record_straggler(job, event)
         job.recent_losses = losses[-RECENT_LOSSES:]
-        speeds = [s["samples_per_s"] for s in job.rank_stats.values() if s.get("samples_per_s") is not None]
-        if speeds:
+        gang = (job.rank_stats.get(BALANCE_KEY) or {}).get("samples_per_s")
+        speeds = [
+            s["samples_per_s"] for s in rank_entries(job.rank_stats).values() if s.get("samples_per_s") is not None
+        ]
+        if gang is not None:
+            # Rank 0's global batch over its step time: what the gang really does (the sum of the
+            # ranks' own speeds is what it could do, balanced perfectly).
+            job.samples_per_s = round(float(gang), 3)
+            fields.add("samples_per_s")
+        elif speeds:
             job.samples_per_s = round(float(sum(speeds)), 3)
             fields.add("samples_per_s")
         job.save(update_fields=sorted(fields))
@@ -761,6 +840,55 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
                 },
             )
     return len(events)
+
+
+BALANCE_KEY = "balance"
+
+
+def rank_entries(rank_stats: dict[str, Any]) -> dict[str, Any]:
+    """The per-rank entries of a job's rank_stats (keyed by the rank as a string), without the
+    job-wide ``balance`` entry."""
+    return {key: value for key, value in rank_stats.items() if key.isdigit()}
+
+
+def _fold_balance(job: TrainingJob, event: TelemetryEvent) -> None:
+    """Rank 0's step event carries the job's split, predicted speeds and balance efficiency."""
+    assert event.step is not None
+    balance = job.rank_stats.setdefault(BALANCE_KEY, {})
+    if event.step < balance.get("step", 0):
+        return
+    balance["step"] = event.step
+    if event.split is not None:
+        balance["split"] = [list(chunk) for chunk in event.split]
+    if event.predicted is not None:
+        balance["predicted"] = [round(p, 3) for p in event.predicted]
+    if event.efficiency is not None:
+        balance["efficiency"] = round(event.efficiency, 4)
+    if event.global_samples_per_s is not None:
+        balance["samples_per_s"] = round(event.global_samples_per_s, 3)
+
+
+def _record_straggler(job: TrainingJob, event: TelemetryEvent) -> None:
+    rank = event.straggler_rank
+    flavor = (job.rank_stats.get(str(rank)) or {}).get("flavor") or "unknown flavor"
+    measured, expected = event.measured_samples_per_s or 0.0, event.expected_samples_per_s or 0.0
+    _record(
+        job,
+        kind=JobEvent.Kind.PROGRESS,
+        message=(
+            f"straggler: rank {rank} ({flavor}) runs at {measured:.1f} samples/s where its benchmark score "
+            f"promises {expected:.1f} (step {event.step}); consider replacing its device"
+        )[:500],
+        data={
+            "straggler": {
+                "rank": rank,
+                "flavor": flavor,
+                "step": event.step,
+                "measured_samples_per_s": measured,
+                "expected_samples_per_s": expected,
+            }
+        },
+    )
 
 
 def _progress_event_due(job_id: int) -> bool:

@@ -12,6 +12,9 @@ from typing import Any
 from runtime.errors import FieldError
 
 WORKLOAD_KINDS = ("synthetic-mlp",)
+# How a job's global batch is split across its devices (``runtime.balancing``): by measured speed as
+# the job runs (dynamic), by the flavors' benchmark scores once (static), or evenly (equal).
+BALANCING_MODES = ("dynamic", "static", "equal")
 MAX_DEVICES = 64
 MAX_PRIORITY = 1000
 
@@ -31,6 +34,11 @@ class WorkloadSpec:
 
 
 @dataclass(frozen=True)
+class BalancingSpec:
+    mode: str = "dynamic"
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     devices: int
@@ -39,6 +47,7 @@ class JobSpec:
     # Higher goes first within the tenant's queue, and may preempt work that runs on borrowed
     # capacity (never a tenant's nominal share).
     priority: int = 0
+    balancing: BalancingSpec = field(default_factory=BalancingSpec)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -90,11 +99,27 @@ def parse_workload(raw: Any) -> WorkloadSpec:
     )
 
 
+def parse_balancing(raw: Any) -> BalancingSpec:
+    if raw is None:
+        return BalancingSpec()
+    if not isinstance(raw, dict):
+        raise SpecError("balancing", 'must be an object such as {"mode": "dynamic"}')
+    _reject_unknown(raw, {"mode"}, "balancing.")
+    mode = raw.get("mode", "dynamic")
+    if mode not in BALANCING_MODES:
+        raise SpecError(
+            "balancing.mode",
+            f"{mode!r} is not a balancing mode; use dynamic (follow measured speeds), "
+            "static (split by benchmark scores once) or equal",
+        )
+    return BalancingSpec(mode=mode)
+
+
 def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
     """Validate a job spec. ``known_flavors`` (when given) rejects flavors the pool lacks."""
     if not isinstance(raw, dict):
         raise SpecError("spec", "must be a JSON object with name, devices and flavors")
-    _reject_unknown(raw, {"name", "devices", "flavors", "workload", "priority"}, "")
+    _reject_unknown(raw, {"name", "devices", "flavors", "workload", "priority", "balancing"}, "")
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
         raise SpecError("name", 'required; give the job a short name such as "resnet-sweep-1"')
@@ -119,4 +144,5 @@ def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
         flavors=tuple(dict.fromkeys(flavors_raw)),
         workload=workload,
         priority=priority,
+        balancing=parse_balancing(raw.get("balancing")),
     )

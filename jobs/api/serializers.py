@@ -56,8 +56,28 @@ def job_json(job: JobView) -> dict[str, Any]:
             }
             for d in job.devices
         ],
+        "ranks": _ranks(job),
+        "balance": job.balance,
         "artifact": job.artifact_path or None,
     }
+
+
+def _ranks(job: JobView) -> list[dict[str, Any]]:
+    """Per rank of the devices it holds now: its flavor, its samples per step and its own samples/s."""
+    out = []
+    for d in job.devices:
+        if d.ended_at is not None:
+            continue
+        stats = job.rank_stats.get(str(d.rank)) or {}
+        out.append(
+            {
+                "rank": d.rank,
+                "flavor": d.flavor,
+                "micro_batch": stats.get("micro_batch", stats.get("samples")),
+                "samples_per_s": stats.get("samples_per_s"),
+            }
+        )
+    return out
 
 
 def event_json(event: EventView) -> dict[str, Any]:

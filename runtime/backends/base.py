@@ -19,6 +19,10 @@ class RankPlacement:
     device_id: str
     flavor: str
     node: str
+    # For balancing: the flavor's benchmark score (per-device samples/s of the job's class when known,
+    # else its peak bf16 TFLOP/s; one unit for the whole job) and its memory. None: unknown.
+    score: float | None = None
+    memory_gib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class LaunchRequest:
     telemetry_url: str | None
     telemetry_token: str
     artifacts_dir: str
+    # How the global batch is split across the ranks: dynamic | static | equal (``runtime.balancing``).
+    balancing: str = "dynamic"
 
 
 class Phase(StrEnum):

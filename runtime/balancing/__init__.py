@@ -213,12 +213,12 @@ def balance_efficiency(per_rank: Sequence[int], speeds: Sequence[float]) -> floa
 @dataclass(frozen=True)
 class BalancerConfig:
     mode: str = "dynamic"  # dynamic | static (by scores, once) | equal
-    blend: str = "fixed"  # fixed: score_weight throughout; trust: measurements weigh more as they accumulate
+    blend: str = "trust"  # trust: measurements weigh more as they accumulate; fixed: score_weight throughout
     score_weight: float = 0.6  # a in w = a * score + (1 - a) * predicted
     trust_steps: int = 3  # blend "trust": a decays as score_weight * trust_steps / (trust_steps + observations)
     threshold: float = 0.05  # re-split when the target split would be this much faster on the predicted speeds ...
     patience: int = 3  # ... for this many checks in a row
-    ewma: float = 0.3  # weight of the newest measurement in ``predicted``
+    ewma: float = 0.5  # weight of the newest measurement in ``predicted``
     straggler_ratio: float = 0.5  # slower than this share of what its score promises ...
     straggler_patience: int = 10  # ... for this many checks in a row: reported
 
@@ -261,6 +261,7 @@ class Decision:
     stragglers: tuple[int, ...] = ()
     predicted: tuple[float, ...] = ()  # per-rank predicted samples/s (empty before any measurement)
     efficiency: float = 0.0  # of the split in force during the step just measured, on predicted speeds
+    drifting: int = 0  # checks in a row on which a re-split would have paid (0 once balanced or re-split)
 
 
 @dataclass
@@ -348,7 +349,7 @@ class Balancer:
         self._drifting += 1
         if self._drifting < self.config.patience:
             reason = f"a re-split would gain {gain:.1%}: {self._drifting} of {self.config.patience} checks"
-            return Decision(self._split, False, reason, stragglers, self.predicted, efficiency)
+            return Decision(self._split, False, reason, stragglers, self.predicted, efficiency, self._drifting)
         self._drifting = 0
         self._split = target
         reason = (

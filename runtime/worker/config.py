@@ -7,13 +7,20 @@ worker configs cheaply; the training itself lives in ``runtime.worker.train``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.balancing import Balancer, BalancerConfig, BalancingError, Split, max_micro_batch
 from runtime.errors import FieldError
 from runtime.jobspec import SpecError, WorkloadSpec, parse_workload
+
+# The shape of the built-in synthetic-mlp task (``runtime.worker.workload`` imports these; kept here,
+# free of torch, for the memory model below).
+INPUT_DIM = 32
+NUM_CLASSES = 10
 
 
 class ConfigError(FieldError):
@@ -22,7 +29,11 @@ class ConfigError(FieldError):
 
 @dataclass(frozen=True)
 class StepInfo:
-    """What a step hook learns after each optimizer step.
+    """What a step hook learns after each step's forward and backward passes of this rank.
+
+    Hooks run before any cross-rank synchronisation of the step (the gradient all-reduce), so a
+    hook that stretches the step (the local backend's device emulation) stretches this rank's own
+    compute, and the rank's measured speed is its own.
 
     ``started_at`` is a ``time.monotonic()`` reading taken when the step began, so a hook can
     tell how long the step has taken so far, including earlier hooks.
@@ -30,8 +41,8 @@ class StepInfo:
 
     step: int  # 1-based
     total_steps: int
-    samples: int  # this rank's micro-batch
-    compute_time_s: float  # from started_at to the end of the optimizer step
+    samples: int  # this rank's samples in this optimizer step (all its accumulation chunks)
+    compute_time_s: float  # from started_at to the end of this rank's last backward, before any sync
     started_at: float
 
 
@@ -66,6 +77,12 @@ class WorkerConfig:
     fail_at_step: int | None = None
     # Bounds how long a rank waits for its peers (rendezvous and each collective).
     collective_timeout_s: float = 300.0
+    # Balancing (see ``initial_split``). None: the fixed split ``split`` or ``micro_batches``, never re-split.
+    balancing: BalancerConfig | None = None
+    scores: tuple[float, ...] | None = None  # per rank: the flavor's benchmark score (any unit, > 0)
+    caps: tuple[int | None, ...] | None = None  # per rank: the most samples per micro-step (memory)
+    # An explicit split with accumulation chunks (``Split.to_json``); when set, ``micro_batches`` is its per_rank.
+    split: tuple[tuple[int, ...], ...] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -76,7 +93,60 @@ class WorkerConfig:
         data = asdict(self)
         extra = data.pop("extra")
         data["micro_batches"] = list(self.micro_batches)
+        data["balancing"] = self.balancing.to_json() if self.balancing is not None else None
+        data["scores"] = list(self.scores) if self.scores is not None else None
+        data["caps"] = list(self.caps) if self.caps is not None else None
+        data["split"] = [list(chunk) for chunk in self.split] if self.split is not None else None
         return {**extra, **data}
+
+
+def make_balancer(config: WorkerConfig) -> Balancer | None:
+    """The job's balancer (the same on every rank), or None for a fixed split."""
+    if config.balancing is None:
+        return None
+    scores = config.scores if config.scores is not None else (1.0,) * config.world_size
+    return Balancer(config.balancing, config.workload.global_batch, scores, config.caps)
+
+
+def initial_split(config: WorkerConfig) -> Split:
+    """The split of the first step: the balancer's (equal, or by scores), else the fixed one given."""
+    balancer = make_balancer(config)
+    if balancer is not None:
+        return balancer.split
+    chunks = config.split if config.split is not None else (config.micro_batches,)
+    return Split(config.workload.global_batch, chunks)
+
+
+# The memory model of the built-in synthetic MLP (32 -> hidden -> hidden -> 10, fp32, SGD with
+# momentum; ``runtime.worker.workload``), for ``max_micro_batch``:
+# - resident state per parameter: weights, gradients, momentum and the all-reduce's flat copy of the
+#   gradient, 4 bytes each = 16 bytes (the figure ``max_micro_batch`` assumes for fp32 Adam, too);
+# - activations kept per sample for the backward pass: the input, each hidden layer before and after
+#   its ReLU, the logits and their softmax, in fp32, doubled for the autograd temporaries:
+#   2 * 4 * (32 + 4 * hidden + 2 * 10) bytes.
+ACTIVATION_OVERHEAD = 2.0
+
+
+def synthetic_mlp_param_count(hidden: int) -> int:
+    return INPUT_DIM * hidden + hidden + hidden * hidden + hidden + hidden * NUM_CLASSES + NUM_CLASSES
+
+
+def synthetic_mlp_activation_bytes(hidden: int) -> float:
+    return ACTIVATION_OVERHEAD * 4.0 * (INPUT_DIM + 4 * hidden + 2 * NUM_CLASSES)
+
+
+def memory_cap(workload: WorkloadSpec, memory_gib: float | None, budget: float = 0.7) -> int | None:
+    """The most samples per micro-step that fit in ``budget`` of a device's memory (None: unknown memory).
+
+    Raises ``BalancingError`` (field ``memory``) when not even one sample fits."""
+    if memory_gib is None:
+        return None
+    return max_micro_batch(
+        memory_gib * 2**30,
+        param_count=synthetic_mlp_param_count(workload.hidden),
+        activation_bytes_per_sample=synthetic_mlp_activation_bytes(workload.hidden),
+        budget=budget,
+    )
 
 
 def equal_split(global_batch: int, world_size: int) -> tuple[int, ...]:
@@ -101,10 +171,10 @@ def slice_bounds(micro_batches: Sequence[int], rank: int) -> tuple[int, int]:
 
 
 def loss_scale(world_size: int, global_batch: int) -> float:
-    """Factor for a rank's summed loss so that DDP's average over ranks is the global-batch mean.
+    """Factor for a rank's summed loss under DDP-style averaging over ranks (``sum_i * world_size / B``).
 
-    Rank i back-propagates ``sum_i * world_size / B``; DDP divides the summed gradients by world_size,
-    leaving ``(sum over all B samples) / B`` whatever the split.
+    The worker no longer averages: it SUM-reduces gradients of ``sum_i / B`` (``runtime.worker.train``),
+    which is exact for any split and any accumulation. Kept for callers that average over ranks.
     """
     return world_size / global_batch
 
@@ -157,8 +227,26 @@ def parse_config(raw: Any) -> WorkerConfig:
     except SpecError as exc:
         raise ConfigError(exc.field, exc.message) from None
 
+    balancing, scores, caps = _parse_balancing(raw, world_size)
+    split = _parse_split(raw, workload.global_batch, world_size)
     micro_raw = raw.get("micro_batches")
-    if micro_raw is None:
+    if balancing is not None:
+        if split is not None:
+            raise ConfigError("split", "give either balancing (the balancer splits) or a fixed split, not both")
+        try:
+            derived = Balancer(balancing, workload.global_batch, scores or (1.0,) * world_size, caps).split
+        except BalancingError as exc:
+            raise ConfigError(exc.field, str(exc)) from None
+        micro = derived.per_rank()
+        if micro_raw is not None and micro_raw != list(micro):
+            raise ConfigError(
+                "micro_batches", f"is {micro_raw} but balancing starts from {list(micro)}; leave micro_batches out"
+            )
+    elif split is not None:
+        micro = tuple(sum(chunk[r] for chunk in split) for r in range(world_size))
+        if micro_raw is not None and micro_raw != list(micro):
+            raise ConfigError("micro_batches", f"is {micro_raw} but split gives {list(micro)}; leave one out")
+    elif micro_raw is None:
         micro = equal_split(workload.global_batch, world_size)
     else:
         if not isinstance(micro_raw, list) or not all(
@@ -190,6 +278,10 @@ def parse_config(raw: Any) -> WorkerConfig:
         "telemetry_file",
         "fail_at_step",
         "collective_timeout_s",
+        "balancing",
+        "scores",
+        "caps",
+        "split",
     }
     return WorkerConfig(
         job_id=raw["job_id"],
@@ -207,9 +299,64 @@ def parse_config(raw: Any) -> WorkerConfig:
         telemetry_file=telemetry_file or None,
         fail_at_step=fail_at_step,
         collective_timeout_s=float(timeout) if timeout is not None else 300.0,
+        balancing=balancing,
+        scores=scores,
+        caps=caps,
+        split=split,
         # Unknown keys are kept, not rejected, so a newer control plane can talk to an older worker.
         extra={k: v for k, v in raw.items() if k not in known},
     )
+
+
+def _parse_balancing(
+    raw: dict[str, Any], world_size: int
+) -> tuple[BalancerConfig | None, tuple[float, ...] | None, tuple[int | None, ...] | None]:
+    balancing: BalancerConfig | None = None
+    if raw.get("balancing") is not None:
+        try:
+            balancing = BalancerConfig.from_json(raw["balancing"])
+        except BalancingError as exc:
+            raise ConfigError(exc.field, str(exc).split(": ", 1)[-1]) from None
+        except TypeError as exc:  # a value of the wrong type reaching the dataclass
+            raise ConfigError("balancing", f"bad value ({exc})") from None
+    scores: tuple[float, ...] | None = None
+    scores_raw = raw.get("scores")
+    if scores_raw is not None:
+        if (
+            not isinstance(scores_raw, list)
+            or len(scores_raw) != world_size
+            or not all(
+                isinstance(s, int | float) and not isinstance(s, bool) and math.isfinite(s) and s > 0
+                for s in scores_raw
+            )
+        ):
+            raise ConfigError("scores", f"expected {world_size} positive numbers, one per rank, got {scores_raw!r}")
+        scores = tuple(float(s) for s in scores_raw)
+    caps: tuple[int | None, ...] | None = None
+    caps_raw = raw.get("caps")
+    if caps_raw is not None:
+        if (
+            not isinstance(caps_raw, list)
+            or len(caps_raw) != world_size
+            or not all(c is None or (isinstance(c, int) and not isinstance(c, bool) and c >= 1) for c in caps_raw)
+        ):
+            raise ConfigError(
+                "caps", f"expected {world_size} entries, each a whole number >= 1 or null, got {caps_raw!r}"
+            )
+        caps = tuple(caps_raw)
+    return balancing, scores, caps
+
+
+def _parse_split(raw: dict[str, Any], global_batch: int, world_size: int) -> tuple[tuple[int, ...], ...] | None:
+    if raw.get("split") is None:
+        return None
+    try:
+        split = Split.from_json(global_batch, raw["split"])
+    except BalancingError as exc:
+        raise ConfigError("split", str(exc).split(": ", 1)[-1]) from None
+    if split.world_size != world_size:
+        raise ConfigError("split", f"has {split.world_size} entries per chunk; give world_size ({world_size})")
+    return split.chunks
 
 
 def load_config(path: str | Path) -> WorkerConfig:

@@ -1,27 +1,44 @@
-"""The training loop of one rank: gloo process group, DDP, disjoint micro-batches, exact loss scaling.
+"""The training loop of one rank: gloo process group, an explicit synchronous step, exact loss scaling.
 
-Exactness for any split of the global batch B into micro-batches b_i: rank i back-propagates
-``sum of its per-sample losses * world_size / B``; DDP averages gradients over world_size, so the
-result is ``sum over all B samples / B``, the gradient of the mean loss over the global batch, the
-same as one process training on the whole batch.
+The step protocol (every rank, every step):
+
+1. For each accumulation chunk ``a`` of the current split, forward and backward on the rank's slice
+   ``[lo, hi)`` of the global batch with the summed per-sample loss scaled by ``1 / B`` (B the global
+   batch); the gradients accumulate over the chunks.
+2. The step hooks run (the local backend's device emulation pads the step here), then the rank takes
+   its own time: from the step's start to after the hooks. Nothing so far waited for another rank,
+   so ``samples / own time`` is this rank's own speed, not the gang's.
+3. One SUM all-reduce of a flat vector: every parameter's gradient, the rank's summed loss, and its
+   samples/s at its own index (zeros elsewhere). Each sample of the global batch appears in exactly one
+   rank's chunk, so the summed gradient is ``(sum over all B samples of grad loss) / B``: the gradient
+   of the global-batch mean, the same as one process on the whole batch, for any split and any number
+   of chunks. Every rank learns the global loss and everyone's speed from the same collective.
+4. The optimizer steps (the same update on every rank, so parameters stay identical).
+5. On a check step (every step after the first, when the job balances), rank 0 gives the speeds to
+   its ``Balancer`` and broadcasts ``[changed, accumulation]``; when the split changed it then
+   broadcasts the new split (an int tensor, accumulation x world_size). All ranks switch at the next
+   step, so every step's split covers the global batch exactly once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
+import zlib
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from runtime.worker.config import StepHook, StepInfo, TrainResult, WorkerConfig, loss_scale, slice_bounds
+from runtime.balancing import Balancer, Decision, Split
+from runtime.worker.config import StepHook, StepInfo, TrainResult, WorkerConfig, initial_split, make_balancer
 from runtime.worker.telemetry import Telemetry
 from runtime.worker.workload import SyntheticDataset, build_student, make_optimizer
 
@@ -63,6 +80,8 @@ def run(config: WorkerConfig, step_hooks: Sequence[StepHook] = ()) -> TrainResul
             steps=config.workload.steps,
             micro_batch=config.micro_batch,
             global_batch=config.workload.global_batch,
+            split=initial_split(config).to_json(),
+            balancing=config.balancing.mode if config.balancing is not None else "fixed",
         )
         result = _train(config, step_hooks, telemetry)
         finished: dict[str, object] = {"steps": result.steps, "final_loss": result.final_loss}
@@ -83,16 +102,95 @@ def run(config: WorkerConfig, step_hooks: Sequence[StepHook] = ()) -> TrainResul
                 dist.destroy_process_group()
 
 
+def _flat_grads(params: Sequence[nn.Parameter], extra: torch.Tensor) -> torch.Tensor:
+    parts = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in params]
+    return torch.cat([*parts, extra])
+
+
+def _unflatten_grads(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
+        offset += n
+
+
+class _Rebalancer:
+    """Rank 0's side of re-balancing: the Balancer, drift bookkeeping and what goes to telemetry."""
+
+    def __init__(self, config: WorkerConfig, balancer: Balancer, telemetry: Telemetry) -> None:
+        self.config = config
+        self.balancer = balancer
+        self.telemetry = telemetry
+        self.drift_since: int | None = None
+        self.stragglers: set[int] = set()
+        self.rebalances = 0
+
+    def observe(self, step: int, speeds: list[float]) -> Decision:
+        decision = self.balancer.observe(step, speeds)
+        # Drift bookkeeping for "steps_since_drift": the first check of the current run of checks on
+        # which a re-split would have paid (the Balancer says "balanced ..." when it would not).
+        if not decision.changed:
+            if decision.drifting == 0:
+                self.drift_since = None
+            elif self.drift_since is None:
+                self.drift_since = step
+        self._report_stragglers(step, decision)
+        return decision
+
+    def _report_stragglers(self, step: int, decision: Decision) -> None:
+        now = set(decision.stragglers)
+        scores = self.balancer.scores
+        total_predicted = sum(decision.predicted)
+        for rank in sorted(now - self.stragglers):
+            expected = total_predicted * scores[rank] / sum(scores)
+            self.telemetry.emit(
+                "straggler",
+                step=step,
+                straggler_rank=rank,
+                measured_samples_per_s=round(decision.predicted[rank], 3),
+                expected_samples_per_s=round(expected, 3),
+            )
+        self.stragglers = now
+
+    def rebalanced(self, step: int, old: Split, decision: Decision, cost_s: float) -> None:
+        self.rebalances += 1
+        since = step - self.drift_since + 1 if self.drift_since is not None else 1
+        self.drift_since = None
+        self.telemetry.emit(
+            "rebalanced",
+            step=step,
+            old_split=old.to_json(),
+            new_split=decision.split.to_json(),
+            reason=decision.reason,
+            steps_since_drift=since,
+            rebalances=self.rebalances,
+            cost_s=round(cost_s, 6),
+        )
+
+
+def split_fingerprint(split: Split) -> float:
+    """A number that differs, with near certainty, between two different splits; exact in float32
+    (below 2**24), so that a SUM all-reduce carries it unchanged from the rank that wrote it."""
+    return float(zlib.crc32(json.dumps(split.to_json()).encode()) % (1 << 24))
+
+
 def _train(config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Telemetry) -> TrainResult:
     spec = config.workload
     started = time.monotonic()
     dataset = SyntheticDataset(spec.seed, spec.global_batch)
+    # Every rank builds the same initial weights from the seed, and every rank applies the same
+    # all-reduced gradient, so the replicas stay identical without DDP.
     model = build_student(spec.hidden, spec.seed)
-    ddp = DistributedDataParallel(model)
-    optimizer = make_optimizer(ddp.parameters(), spec.lr)
-    lo, hi = slice_bounds(config.micro_batches, config.rank)
-    samples = hi - lo
-    scale = loss_scale(config.world_size, spec.global_batch)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, spec.lr)
+    split = initial_split(config)
+    # Every rank runs the same balancer on the same all-reduced speeds, so every rank reaches the same
+    # decision without another collective; the split fingerprints in the next all-reduce prove it.
+    balancer = make_balancer(config)
+    rebalancer = _Rebalancer(config, balancer, telemetry) if balancer is not None and config.rank == 0 else None
+    scale = 1.0 / spec.global_batch
+    world = config.world_size
     losses: list[float] = []
 
     for step in range(1, spec.steps + 1):
@@ -101,37 +199,73 @@ def _train(config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Tele
             raise InjectedFailure(f"injected failure at step {step} (fail_at_step)")
         inputs, labels = dataset.global_batch_at(step - 1)
         optimizer.zero_grad(set_to_none=True)
-        loss_sum = F.cross_entropy(ddp(inputs[lo:hi]), labels[lo:hi], reduction="sum")
-        (loss_sum * scale).backward()
-        optimizer.step()
-        # The global mean loss: one tiny all-reduce, so every rank reports the same number.
-        total = loss_sum.detach().reshape(1).clone()
-        dist.all_reduce(total)
-        loss = total.item() / spec.global_batch
-        losses.append(loss)
+        loss_sum = torch.zeros(())
+        slices = split.slices(config.rank)
+        for lo, hi in slices:
+            if hi == lo:
+                continue
+            chunk_loss = F.cross_entropy(model(inputs[lo:hi]), labels[lo:hi], reduction="sum")
+            (chunk_loss * scale).backward()
+            loss_sum += chunk_loss.detach()
+        samples = sum(hi - lo for lo, hi in slices)
         compute_time = time.monotonic() - step_started
-
         info = StepInfo(
-            step=step,
-            total_steps=spec.steps,
-            samples=samples,
-            compute_time_s=compute_time,
-            started_at=step_started,
+            step=step, total_steps=spec.steps, samples=samples, compute_time_s=compute_time, started_at=step_started
         )
         for hook in step_hooks:
             hook(info)
+        own_time = time.monotonic() - step_started
+        own_rate = samples / own_time if own_time > 0 else 0.0
+
+        # One collective for the step: gradients, the loss, everyone's own speed and split fingerprint.
+        # Each speed and fingerprint slot has one writer, so its sum is that rank's value on every rank.
+        extra = torch.zeros(1 + 2 * world, dtype=torch.float32)
+        extra[0] = loss_sum
+        extra[1 + config.rank] = own_rate
+        extra[1 + world + config.rank] = split_fingerprint(split)
+        flat = _flat_grads(params, extra)
+        dist.all_reduce(flat)
+        _unflatten_grads(params, flat[: flat.numel() - extra.numel()])
+        optimizer.step()
+        totals = flat[flat.numel() - extra.numel() :].tolist()
+        loss = totals[0] / spec.global_batch
+        speeds = totals[1 : 1 + world]
+        if len(set(totals[1 + world :])) > 1:
+            raise RuntimeError(f"step {step}: the ranks disagree on the split (fingerprints {totals[1 + world :]})")
+        losses.append(loss)
+
+        step_split = split
+        decision: Decision | None = None
+        decide_time = 0.0
+        if balancer is not None and step > 1:  # step 1 includes the rendezvous and first calls: not a speed
+            decide_started = time.monotonic()
+            decision = rebalancer.observe(step, speeds) if rebalancer is not None else balancer.observe(step, speeds)
+            decide_time = time.monotonic() - decide_started
+            if decision.changed:
+                split = decision.split
+                if rebalancer is not None:
+                    rebalancer.rebalanced(step, step_split, decision, decide_time)
+
         step_time = time.monotonic() - step_started
         telemetry.set_progress(step)
-        telemetry.emit(
-            "step",
-            step=step,
-            total_steps=spec.steps,
-            loss=loss,
-            samples=samples,
-            step_time_s=step_time,
-            compute_time_s=compute_time,
-            samples_per_s=samples / step_time if step_time > 0 else 0.0,
-        )
+        fields: dict[str, Any] = {
+            "step": step,
+            "total_steps": spec.steps,
+            "loss": loss,
+            "samples": samples,
+            "chunks": sum(1 for lo, hi in slices if hi > lo),
+            "step_time_s": step_time,
+            "compute_time_s": compute_time,
+            "own_time_s": own_time,
+            "samples_per_s": own_rate,
+        }
+        if config.rank == 0:
+            fields["split"] = step_split.to_json()
+            fields["global_samples_per_s"] = spec.global_batch / step_time if step_time > 0 else 0.0
+            if decision is not None:
+                fields["predicted"] = [round(p, 3) for p in decision.predicted]
+                fields["efficiency"] = round(decision.efficiency, 4)
+        telemetry.emit("step", **fields)
 
     artifact: str | None = None
     if config.rank == 0:

@@ -14,8 +14,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-INPUT_DIM = 32
-NUM_CLASSES = 10
+from runtime.worker.config import INPUT_DIM, NUM_CLASSES
+
+__all__ = ["INPUT_DIM", "NUM_CLASSES", "SyntheticDataset", "build_student", "dataset_size", "make_samples"]
+
 TEACHER_HIDDEN = 32
 # Enough samples that an epoch spans several dozen steps at the default global batch.
 DATASET_TARGET = 4096

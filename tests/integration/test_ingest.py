@@ -6,9 +6,10 @@ import time
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from jobs import services
-from jobs.models import JobEvent, JobState, TrainingJob
+from jobs.models import Allocation, Device, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -60,6 +61,7 @@ def test_a_workers_steps_become_the_jobs_progress(tenants, pool):
         "device_id": "tpu-v4-0/0",
         "step": 1,
         "samples": 32,
+        "micro_batch": 32,
         "samples_per_s": 640.0,
         "step_time_s": 0.05,
     }
@@ -84,6 +86,8 @@ def test_only_the_jobs_own_token_is_accepted(tenants, pool):
 @pytest.mark.parametrize(
     ("events", "field"),
     [
+        ([{**step(0, 1, 2.0), "split": [[1, 2], [3]]}], "events[0].split"),
+        ([{**step(0, 1, 2.0), "predicted": ["fast"]}], "events[0].predicted"),
         ("lots", "events"),
         ([1], "events[0]"),
         ([{"kind": "step", "rank": 0, "ts": 1.0}], "events[0].step"),
@@ -108,3 +112,75 @@ def test_telemetry_after_the_job_ended_changes_nothing(tenants, pool):
     assert post(job.pk, services.ingest_token(job), {"events": [step(0, 1, 2.0)]}).json() == {"applied": 0}
     job.refresh_from_db()
     assert job.steps_done == 0
+
+
+def balanced_job(tenant_id: int) -> TrainingJob:
+    spec = {
+        "name": "balanced",
+        "devices": 3,
+        "flavors": ["tpu-v4", "ascend-910b"],
+        "workload": {"steps": 50},
+        "balancing": {"mode": "dynamic"},
+    }
+    view = services.submit_job(tenant_id=tenant_id, user_id=None, spec=parse_job_spec(spec))
+    TrainingJob.objects.filter(pk=view.id).update(state=JobState.RUNNING)
+    for rank, device_id in enumerate(["tpu-v4-0/0", "tpu-v4-0/1", "npu-910b-0/0"]):
+        Allocation.objects.create(
+            job_id=view.id, device=Device.objects.get(device_id=device_id), rank=rank, started_at=timezone.now()
+        )
+    return TrainingJob.objects.get(pk=view.id)
+
+
+def balanced_step(rank: int, number: int, samples: int, rate: float, flavor: str, **more: object) -> dict:
+    return {**step(rank, number, 2.0), "samples": samples, "samples_per_s": rate, "flavor": flavor, **more}
+
+
+def test_the_split_per_rank_speeds_and_stragglers_reach_the_api(tenants, pool):
+    job = balanced_job(tenants[0].id)
+    token = services.ingest_token(job)
+    split = [[30, 28, 38]]
+    events = [
+        balanced_step(
+            0, 7, 30, 120.0, "tpu-v4", split=split, predicted=[118.0, 121.5, 210.0], efficiency=0.93,
+            global_samples_per_s=400.0,
+        ),
+        balanced_step(1, 7, 28, 121.0, "tpu-v4"),
+        balanced_step(2, 7, 38, 210.0, "ascend-910b"),
+        {
+            "kind": "rebalanced", "rank": 0, "ts": time.time(), "step": 7, "old_split": [[32, 32, 32]],
+            "new_split": split, "reason": "re-split at step 7", "steps_since_drift": 3, "cost_s": 0.0004,
+        },
+        {
+            "kind": "straggler", "rank": 0, "ts": time.time(), "step": 7, "straggler_rank": 1,
+            "measured_samples_per_s": 40.0, "expected_samples_per_s": 120.0,
+        },
+    ]  # fmt: skip
+    assert post(job.pk, token, {"events": events}).json() == {"applied": 5}
+    assert post(job.pk, token, {"events": events[3:]}).status_code == 200  # a retried batch counts once
+
+    job.refresh_from_db()
+    assert job.rank_stats["2"]["micro_batch"] == 38 and job.rank_stats["2"]["samples_per_s"] == 210.0
+    assert job.samples_per_s == 400.0  # the gang's, not the sum of the ranks' own speeds
+    stragglers = JobEvent.objects.filter(job=job, data__has_key="straggler")
+    assert stragglers.count() == 1
+    assert "rank 1 (tpu-v4)" in stragglers.get().message
+
+    response = Client().get(f"/api/v1/jobs/{job.pk}", headers={"Authorization": f"Bearer {tenants[0].token}"})
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["ranks"][2] == {"rank": 2, "flavor": "ascend-910b", "micro_batch": 38, "samples_per_s": 210.0}
+    balance = body["balance"]
+    assert (balance["mode"], balance["efficiency"], balance["split"]) == ("dynamic", 0.93, split)
+    assert (balance["rebalances"], balance["stragglers"], balance["micro_batches"]) == (1, [1], [30, 28, 38])
+    assert balance["last_rebalance"]["steps_since_drift"] == 3
+    assert body["spec"]["balancing"] == {"mode": "dynamic"}
+
+
+def test_a_bad_balancing_mode_is_refused_naming_the_field(tenants, pool):
+    body = {**SPEC, "balancing": {"mode": "fastest"}}
+    response = Client().post(
+        "/api/v1/jobs", body, content_type="application/json", headers={"Authorization": f"Bearer {tenants[0].token}"}
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["field"] == "balancing.mode"
+    assert not TrainingJob.objects.filter(name=SPEC["name"], tenant_id=tenants[0].id).exists()

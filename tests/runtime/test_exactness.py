@@ -1,4 +1,5 @@
-"""One step over unequal micro-batches on three ranks equals one step on the whole batch."""
+"""Steps over unequal micro-batches on three ranks equal steps on the whole batch: for fixed splits,
+splits with gradient accumulation, and a split that the balancer changes while the job runs."""
 
 from __future__ import annotations
 
@@ -7,15 +8,20 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from runtime.backends.local import find_free_port
+from runtime.backends.local.bench import run_emulated_ranks
+from runtime.balancing import BalancerConfig
 from runtime.jobspec import WorkloadSpec
 from runtime.worker import WorkerConfig
+from runtime.worker.config import initial_split
 from runtime.worker.workload import SyntheticDataset, build_student, make_optimizer
 from tests.runtime.conftest import REPO
 
@@ -98,3 +104,89 @@ def test_an_uneven_three_rank_run_matches_a_single_process(tmp_path: Path) -> No
         steps = [e for e in events if e["kind"] == "step"]
         assert [e["samples"] for e in steps] == [samples] * STEPS
         assert [e["loss"] for e in steps] == pytest.approx(expected_losses, rel=1e-5)
+
+
+def _assert_matches_reference(artifact: Path, workload: WorkloadSpec) -> list[float]:
+    expected, expected_losses = _reference(workload)
+    trained = torch.load(artifact, weights_only=True)
+    assert trained.keys() == expected.keys()
+    for name, tensor in expected.items():
+        difference = (trained[name] - tensor).abs().max().item()
+        assert torch.allclose(trained[name], tensor, rtol=1e-5, atol=1e-6), (name, difference)
+    untrained = build_student(workload.hidden, workload.seed).state_dict()
+    assert not torch.allclose(trained["0.weight"], untrained["0.weight"])
+    return expected_losses
+
+
+def _configs(tmp_path: Path, workload: WorkloadSpec, world: int, **changes: Any) -> list[WorkerConfig]:
+    port = find_free_port()
+    configs = []
+    for rank in range(world):
+        config = WorkerConfig(
+            job_id="exact",
+            rank=rank,
+            world_size=world,
+            master_addr="127.0.0.1",
+            master_port=port,
+            flavor="cpu",
+            device_id=f"cpu/{rank}",
+            workload=workload,
+            micro_batches=(),
+            artifacts_dir=str(tmp_path / "artifacts"),
+            collective_timeout_s=60,
+        )
+        config = replace(config, **changes)
+        configs.append(replace(config, micro_batches=initial_split(config).per_rank()))
+    return configs
+
+
+@pytest.mark.parametrize(
+    "fixed",
+    [
+        pytest.param({"split": ((70, 1, 25),)}, id="another-uneven-split"),
+        # Two and three accumulation chunks, uneven inside each chunk, a rank idle in one chunk.
+        pytest.param({"split": ((5, 10, 20), (10, 20, 31))}, id="two-chunks"),
+        pytest.param({"split": ((30, 0, 2), (1, 1, 30), (10, 11, 11))}, id="three-chunks"),
+    ],
+)
+def test_other_fixed_splits_and_accumulation_match_a_single_process(tmp_path: Path, fixed: dict[str, Any]) -> None:
+    workload = WorkloadSpec(steps=10, global_batch=96, lr=0.05, seed=3, hidden=32)
+    configs = _configs(tmp_path, workload, 3, **fixed)
+    runs = run_emulated_ranks(configs, [1.0, 1.0, 1.0], sample_time_ms=0.0, workdir=tmp_path / "ranks", timeout_s=120)
+    for run in runs:
+        assert run.exit_code == 0, run.stderr_tail
+    expected_losses = _assert_matches_reference(tmp_path / "artifacts" / "model.pt", workload)
+    per_rank = configs[0].micro_batches
+    for run in runs:
+        assert [e["samples"] for e in run.steps] == [per_rank[run.rank]] * workload.steps
+        assert [e["loss"] for e in run.steps] == pytest.approx(expected_losses, rel=1e-5)
+
+
+def test_a_split_that_changes_mid_run_with_accumulation_matches_a_single_process(tmp_path: Path) -> None:
+    # Scores that promise the opposite of the emulated speeds: the balancer starts from 1:2:4 and
+    # re-splits towards 4:2:1 as it measures; memory caps force two accumulation chunks throughout.
+    workload = WorkloadSpec(steps=24, global_batch=96, lr=0.05, seed=5, hidden=32)
+    configs = _configs(
+        tmp_path,
+        workload,
+        3,
+        balancing=BalancerConfig(mode="dynamic"),
+        scores=(1.0, 2.0, 4.0),
+        caps=(30, 30, 30),
+    )
+    runs = run_emulated_ranks(configs, [4.0, 2.0, 1.0], sample_time_ms=0.3, workdir=tmp_path / "ranks", timeout_s=120)
+    for run in runs:
+        assert run.exit_code == 0, run.stderr_tail
+    _assert_matches_reference(tmp_path / "artifacts" / "model.pt", workload)
+
+    splits = [tuple(tuple(chunk) for chunk in e["split"]) for e in runs[0].steps]
+    assert len(splits) == workload.steps
+    assert len(set(splits)) >= 2, splits  # the split changed while the job ran
+    for step, split in enumerate(splits):
+        assert len(split) >= 2  # accumulation: the caps hold less than the batch
+        assert sum(map(sum, split)) == workload.global_batch
+        for run in runs:
+            assert run.steps[step]["samples"] == sum(chunk[run.rank] for chunk in split)
+    # The split moved towards the measured speeds: more for the fast rank 0, less for the slow rank 2.
+    first, last = ([sum(chunk[r] for chunk in split) for r in range(3)] for split in (splits[0], splits[-1]))
+    assert last[0] > first[0] and last[2] < first[2], (first, last)

@@ -60,12 +60,18 @@ def test_a_two_chip_job_trains_to_a_low_loss(make_backend: Callable[..., LocalBa
         events = _events(run_dir, rank)
         steps = [e for e in events if e["kind"] == "step"]
         assert [e["step"] for e in steps] == list(range(1, 201))
-        assert all(e["job"] == "mixed-1" and e["rank"] == rank and e["samples"] == 48 for e in steps)
+        assert all(e["job"] == "mixed-1" and e["rank"] == rank and e["samples"] >= 1 for e in steps)
         assert {e["kind"] for e in events} >= {"started", "heartbeat", "step", "finished"}
     steps = [e for e in _events(run_dir, 0) if e["kind"] == "step"]
     first, last10 = steps[0]["loss"], statistics.fmean(e["loss"] for e in steps[-10:])
     assert 2.0 < first < 2.7  # ten classes, untrained: about ln(10)
     assert last10 < 0.5 * first and last10 < 0.6, (first, last10)
+    # No score in the request: the first split is equal, and the dynamic balancer then follows the
+    # measured speeds (h100 1.0, a100 0.32); every step's split covers the global batch.
+    ranks = [[e for e in _events(run_dir, r) if e["kind"] == "step"] for r in (0, 1)]
+    assert ranks[0][0]["samples"] == ranks[1][0]["samples"] == 48
+    assert all(a["samples"] + b["samples"] == 96 for a, b in zip(*ranks, strict=True))
+    assert ranks[0][-1]["samples"] > 48
     # Every rank reports the same global loss.
     assert [e["loss"] for e in _events(run_dir, 1) if e["kind"] == "step"] == [e["loss"] for e in steps]
 
@@ -74,9 +80,11 @@ def test_a_two_chip_job_trains_to_a_low_loss(make_backend: Callable[..., LocalBa
     assert finished["artifact"] == str(artifact) and artifact.exists()
     state = torch.load(artifact, weights_only=True)
     assert state["0.weight"].shape == (64, 32)
-    # The a100 profile (relative speed 0.32) pads its steps: 48 samples * 0.1 ms / 0.32 = 15 ms at least.
+    # The a100 profile (relative speed 0.32) pads its own compute: 0.1 ms / 0.32 per sample at least,
+    # so its own speed is about 3,200 samples/s whatever its share of the batch.
     slow = [e for e in _events(run_dir, 1) if e["kind"] == "step"]
-    assert statistics.median(e["step_time_s"] for e in slow) >= 0.015
+    assert all(e["own_time_s"] >= e["samples"] * 0.0001 / 0.32 for e in slow)
+    assert statistics.median(e["samples_per_s"] for e in slow) <= 3200
     assert processes_mentioning(str(run_dir)) == []
 
 

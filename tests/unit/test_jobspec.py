@@ -1,6 +1,6 @@
 import pytest
 
-from runtime.jobspec import JobSpec, SpecError, WorkloadSpec, parse_job_spec
+from runtime.jobspec import BalancingSpec, JobSpec, SpecError, WorkloadSpec, parse_job_spec
 
 VALID = {"name": "mlp", "devices": 2, "flavors": ["h100-sxm", "a100-sxm"]}
 
@@ -9,6 +9,15 @@ def test_a_minimal_spec_gets_the_defaults():
     spec = parse_job_spec(VALID, known_flavors={"h100-sxm", "a100-sxm"})
     assert spec == JobSpec(name="mlp", devices=2, flavors=("h100-sxm", "a100-sxm"), workload=WorkloadSpec())
     assert parse_job_spec(spec.to_dict()) == spec
+
+
+def test_balancing_defaults_to_dynamic_and_takes_each_mode():
+    assert parse_job_spec(VALID).balancing == BalancingSpec(mode="dynamic")
+    for mode in ("dynamic", "static", "equal"):
+        spec = parse_job_spec({**VALID, "balancing": {"mode": mode}})
+        assert spec.balancing.mode == mode
+        assert spec.to_dict()["balancing"] == {"mode": mode}
+        assert parse_job_spec(spec.to_dict()) == spec
 
 
 def test_duplicate_flavors_collapse_in_order():
@@ -33,6 +42,9 @@ def test_duplicate_flavors_collapse_in_order():
         ({"tenant": 9}, "tenant", "unknown field"),
         ({"priority": 5000}, "priority", "between -1000 and 1000"),
         ({"priority": "high"}, "priority", "whole number"),
+        ({"balancing": "dynamic"}, "balancing", "object"),
+        ({"balancing": {"mode": "fastest"}}, "balancing.mode", "dynamic"),
+        ({"balancing": {"mode": "static", "threshold": 0.1}}, "balancing.threshold", "allowed here: mode"),
     ],
 )
 def test_each_mistake_names_its_field_and_the_fix(change, field, hint):

@@ -163,3 +163,69 @@ def test_worker_config_is_frozen() -> None:
     assert isinstance(config, WorkerConfig)
     with pytest.raises(AttributeError):
         config.rank = 2  # type: ignore[misc]
+
+
+def test_a_balanced_config_starts_from_the_balancers_split_and_round_trips() -> None:
+    from runtime.balancing import BalancerConfig
+    from runtime.worker.config import initial_split, make_balancer
+
+    config = parse_config(_raw(balancing={"mode": "dynamic"}, scores=[1, 2, 4], caps=[10, 20, 30]))
+    assert config.balancing == BalancerConfig(mode="dynamic")
+    split = initial_split(config)
+    # Caps hold 60 of 96 samples per micro-step: two accumulation chunks, each by score within the caps.
+    assert split.accumulation == 2 and split.per_rank() == config.micro_batches == (14, 28, 54)
+    assert all(chunk[r] <= cap for chunk in split.chunks for r, cap in enumerate((10, 20, 30)))
+    assert parse_config(json.loads(json.dumps(config.to_dict()))) == config
+    balancer = make_balancer(config)
+    assert balancer is not None and balancer.split == split
+    # Equal ignores the scores; no scores at all means equal scores.
+    assert parse_config(_raw(balancing={"mode": "equal"}, scores=[1, 2, 4])).micro_batches == (32, 32, 32)
+    assert parse_config(_raw(balancing={"mode": "static"})).micro_batches == (32, 32, 32)
+
+
+def test_a_fixed_split_with_accumulation_is_kept_and_never_balanced() -> None:
+    from runtime.worker.config import initial_split, make_balancer
+
+    config = parse_config(_raw(split=[[5, 10, 20], [10, 20, 31]]))
+    assert config.micro_batches == (15, 30, 51) and make_balancer(config) is None
+    assert initial_split(config).slices(1) == [(5, 15), (45, 65)]
+    assert parse_config(json.loads(json.dumps(config.to_dict()))) == config
+    # The old way, micro_batches alone, is one chunk.
+    assert initial_split(parse_config(_raw(micro_batches=[10, 30, 56]))).chunks == ((10, 30, 56),)
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"balancing": {"mode": "fastest"}}, "balancing.mode"),
+        ({"balancing": {"patience": 0}}, "balancing.patience"),
+        ({"balancing": {"speed": 1}}, "balancing.speed"),
+        ({"balancing": "dynamic"}, "balancing"),
+        ({"scores": [1, 2]}, "scores"),
+        ({"scores": [1, 0, 2]}, "scores"),
+        ({"caps": [10, 0, None]}, "caps"),
+        ({"caps": [10, 10]}, "caps"),
+        ({"split": [[10, 30, 50]]}, "split"),
+        ({"split": [[48, 48]]}, "split"),
+        ({"split": [[10, 30, 56]], "micro_batches": [32, 32, 32]}, "micro_batches"),
+        ({"split": [[10, 30, 56]], "balancing": {"mode": "static"}}, "split"),
+        ({"balancing": {"mode": "static"}, "scores": [1, 1, 1], "micro_batches": [10, 30, 56]}, "micro_batches"),
+    ],
+)
+def test_a_bad_balancing_config_names_the_key(changes: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(_raw(**changes))
+    assert info.value.field == key
+
+
+def test_the_memory_model_caps_micro_batches_by_device_memory() -> None:
+    from runtime.jobspec import WorkloadSpec
+    from runtime.worker.config import memory_cap, synthetic_mlp_activation_bytes, synthetic_mlp_param_count
+
+    model = build_student(64, seed=0)
+    assert synthetic_mlp_param_count(64) == sum(p.numel() for p in model.parameters())
+    assert memory_cap(WorkloadSpec(hidden=64), None) is None
+    small, big = memory_cap(WorkloadSpec(hidden=64), 0.001), memory_cap(WorkloadSpec(hidden=64), 0.002)
+    assert small is not None and big is not None and big > 2 * small  # the model state is paid once
+    budget = 0.7 * 0.001 * 2**30 - 16 * synthetic_mlp_param_count(64)
+    assert small == int(budget // synthetic_mlp_activation_bytes(64))

@@ -15,6 +15,25 @@
     return [...counts].map(([flavor, n]) => `<span class="chip">${n}× ${flavor}</span>`).join("");
   }
 
+  // "rank 2 (ascend-910b): 38 samples/step, 210 samples/s" per rank, then the split's balance.
+  function rankLines(job) {
+    const ranks = (job.ranks || []).filter((r) => r.micro_batch !== null && r.micro_batch !== undefined);
+    if (!ranks.length || !["running", "admitted"].includes(job.state)) return "";
+    const lines = ranks.map((r) => {
+      const rate = typeof r.samples_per_s === "number" ? `, ${Math.round(r.samples_per_s)} samples/s` : "";
+      return `<div class="rank" data-rank="${r.rank}">rank ${r.rank} (${escapeHtml(r.flavor)}): ${r.micro_batch} samples/step${rate}</div>`;
+    });
+    const b = job.balance;
+    if (b) {
+      const eff = typeof b.efficiency === "number" ? ` · efficiency ${Math.round(b.efficiency * 100)}%` : "";
+      const acc = b.accumulation > 1 ? ` · ${b.accumulation} accumulation steps` : "";
+      const moves = b.rebalances ? ` · ${b.rebalances} re-split${b.rebalances > 1 ? "s" : ""}` : "";
+      const slow = (b.stragglers || []).length ? ` · straggler: rank ${b.stragglers.join(", ")}` : "";
+      lines.push(`<div class="balance" data-testid="balance">balance ${escapeHtml(b.mode)}${eff}${acc}${moves}${slow}</div>`);
+    }
+    return `<div class="ranks">${lines.join("")}</div>`;
+  }
+
   function render(job) {
     let row = tbody.querySelector(`tr[data-job="${job.id}"]`);
     if (!row) {
@@ -34,7 +53,7 @@
       <td>${escapeHtml(job.name)}</td>
       <td><span class="state ${job.state}" data-testid="state">${job.state}</span>
           ${reason ? `<div class="reason">${escapeHtml(reason)}</div>` : ""}</td>
-      <td><div class="chips">${deviceChips(job.devices)}${charge}</div></td>
+      <td><div class="chips">${deviceChips(job.devices)}${charge}</div>${rankLines(job)}</td>
       <td><span class="bar-outer"><span class="bar-inner" style="width:${pct}%"></span></span>
           <span class="num">${job.progress.steps_done}/${job.progress.total_steps}</span></td>
       <td class="num">${job.loss.first === null ? "–" : `${fmtLoss(job.loss.first)} → ${fmtLoss(job.loss.last)}`}</td>

@@ -35,7 +35,8 @@ from runtime.backends.base import LaunchRequest, Observation, Phase, RankState
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
 from runtime.backends.local.procs import pid_alive, signal_group, signal_pid
 from runtime.backends.local.supervisor import LAUNCH_FILE, PID_FILE, STATUS_FILE, STOP_FILE
-from runtime.worker.config import WorkerConfig, equal_split
+from runtime.balancing import BalancerConfig, BalancingError
+from runtime.worker.config import WorkerConfig, initial_split, memory_cap
 
 if TYPE_CHECKING:
     from runtime.bench.suite import SuiteResult
@@ -154,11 +155,12 @@ class LocalBackend:
     def _write_launch(self, request: LaunchRequest, run_dir: Path, speeds: dict[int, float]) -> None:
         world_size = len(request.placements)
         port = find_free_port()
-        micro = equal_split(request.workload.global_batch, world_size)
+        balancing, scores, caps = _balancing(request)
+        micro: tuple[int, ...] = ()
         entries = []
         for placement in sorted(request.placements, key=lambda p: p.rank):
             rank = placement.rank
-            config = WorkerConfig(
+            worker = WorkerConfig(
                 job_id=request.job_id,
                 rank=rank,
                 world_size=world_size,
@@ -172,7 +174,12 @@ class LocalBackend:
                 telemetry_url=request.telemetry_url,
                 telemetry_token=request.telemetry_token,
                 telemetry_file=str(run_dir / f"telemetry.rank{rank}.jsonl") if self.telemetry_files else None,
-            ).to_dict()
+                balancing=balancing,
+                scores=scores,
+                caps=caps,
+            )
+            micro = micro or initial_split(worker).per_rank()
+            config = {**worker.to_dict(), "micro_batches": list(micro)}
             config.update(self.worker_overrides.get(rank, {}))
             config_path = run_dir / f"rank{rank}.json"
             atomic_write_json(config_path, config)
@@ -345,6 +352,25 @@ class LocalBackend:
         if handle.get("backend") != self.name or not isinstance(handle.get("run_dir"), str):
             raise ValueError(f"not a local backend handle: {handle!r}")
         return Path(handle["run_dir"])
+
+
+def _balancing(request: LaunchRequest) -> tuple[BalancerConfig, tuple[float, ...], tuple[int | None, ...]]:
+    """The worker's balancer config, per-rank scores and memory caps for a launch.
+
+    Scores are the placements' (one unit for the job); when any rank lacks one, every rank scores 1.0,
+    so the first split is equal and a dynamic job learns the speeds as it runs. Caps come from each
+    device's memory through the synthetic MLP's memory model (``runtime.worker.config.memory_cap``)."""
+    placements = sorted(request.placements, key=lambda p: p.rank)
+    try:
+        config = BalancerConfig(mode=request.balancing)
+        caps = tuple(memory_cap(request.workload, p.memory_gib) for p in placements)
+    except BalancingError as exc:
+        raise ValueError(str(exc)) from None
+    given = [p.score for p in placements]
+    scores = tuple(float(s) for s in given if s is not None and s > 0)
+    if len(scores) != len(placements):
+        scores = (1.0,) * len(placements)
+    return config, scores, caps
 
 
 def _read_pid(path: Path) -> int | None:
