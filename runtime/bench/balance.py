@@ -7,7 +7,7 @@ the split is not exact, the jitter of each rank) is what this measures:
     efficiency = the gang's samples/s / the sum of each rank's samples/s when it trains alone
 
 where each rank trains alone on the same micro-batch at the same emulated speed. Ranks are real
-worker processes (``runtime.worker``, gloo, DDP on the ``synthetic-mlp`` workload), launched by
+worker processes (``runtime.worker``, gloo, on the ``synthetic-mlp`` workload), launched by
 the local backend at their relative speeds (``runtime.backends.local.bench.run_emulated_ranks``).
 """
 
@@ -24,7 +24,7 @@ from runtime.balancing import proportional_split
 from runtime.jobspec import WorkloadSpec
 from runtime.worker.config import WorkerConfig
 
-# Steps whose timing is left out: the first include rendezvous, DDP's set-up and kernel choice.
+# Steps whose timing is left out: the first include the rendezvous and first-call costs.
 WARMUP_STEPS = 5
 
 
@@ -81,7 +81,7 @@ def measure_balance_efficiency(
     """Measure the balancing efficiency of a gang of ranks at ``relative_speeds`` (2 or 3 ranks).
 
     Each rank trains alone on its share of the batch (its own world of one), and all ranks train
-    together as one DDP gang with the global batch split in proportion to speed; solos and gang run
+    together as one gang with the global batch split in proportion to speed; solos and gang run
     at the same time. ``sample_time_ms`` is the local backend's emulated time per sample at speed
     1.0. Takes one round of process start-up (a few seconds on two cores) plus ``steps`` steps.
 
