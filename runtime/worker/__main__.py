@@ -1,5 +1,3 @@
-import sys
+from runtime.worker.cli import exit_process, main
 
-from runtime.worker.cli import main
-
-sys.exit(main())
+exit_process(main())

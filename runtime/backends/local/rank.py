@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runtime.backends.local.emulation import SpeedSource, make_padding_hook
-from runtime.worker.cli import run_config_file
+from runtime.worker.cli import exit_process, run_config_file
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,4 +32,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
