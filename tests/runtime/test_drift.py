@@ -11,6 +11,7 @@ import pytest
 
 from runtime.backends.base import LaunchRequest, Phase, RankPlacement
 from runtime.backends.local import LocalBackend
+from runtime.backends.local.bench import step_events
 from runtime.jobspec import WorkloadSpec
 from tests.runtime.conftest import processes_mentioning, wait_for, wait_until_final
 
@@ -26,18 +27,7 @@ ADAPT_WITHIN = 15
 
 
 def _steps(run_dir: Path, rank: int) -> list[dict[str, Any]]:
-    path = run_dir / f"telemetry.rank{rank}.jsonl"
-    if not path.exists():
-        return []
-    events = []
-    for line in path.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written
-        if event.get("kind") == "step":
-            events.append(event)
-    return events
+    return step_events(run_dir / f"telemetry.rank{rank}.jsonl")
 
 
 def _all_events(run_dir: Path, rank: int) -> list[dict[str, Any]]:

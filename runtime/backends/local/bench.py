@@ -149,7 +149,7 @@ def run_emulated_ranks(
             for config, telemetry, proc, err in procs:
                 err.seek(0)
                 tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
-                runs.append(RankRun(config.rank, proc.returncode, _step_events(telemetry), tail[0] if tail else ""))
+                runs.append(RankRun(config.rank, proc.returncode, step_events(telemetry), tail[0] if tail else ""))
             return runs
         finally:
             for _, _, proc, err in procs:
@@ -159,7 +159,8 @@ def run_emulated_ranks(
                 err.close()
 
 
-def _step_events(path: Path) -> list[dict[str, Any]]:
+def step_events(path: Path) -> list[dict[str, Any]]:
+    """A rank's ``step`` events from its telemetry file, in step order (a line being written is skipped)."""
     if not path.exists():
         return []
     events = []
