@@ -6,6 +6,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MODULES = [
     "runtime.balancing",
     "runtime.catalog",
+    "runtime.comm",
     "runtime.inventory",
     "runtime.jobspec",
     "runtime.scheduling",
