@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from runtime.scheduling.policies import (  # noqa: E402
     AllocationProblem,
+    Config,
     MaxMinAwarePolicy,
     PolicyJob,
     configs_for,
@@ -47,6 +48,7 @@ from runtime.scheduling.policies import (  # noqa: E402
 from runtime.scheduling.rounds import RoundJob, plan_round  # noqa: E402
 from runtime.simulate import (  # noqa: E402
     Cluster,
+    JobRates,
     generate_trace,
     load_gavel_throughputs,
     load_trace,
@@ -151,10 +153,9 @@ def mixing_floor_gain(trace, table, server: int, efficiency: float) -> float:  #
     """How much mixed gangs raise the max-min floor (the normalized score every job gets) with every job of
     the trace waiting at once: the LP's own measure of what mixing can buy under fair sharing."""
     from runtime.scheduling.policies import fair_floor
-    from runtime.simulate.rounds import _Rates
 
     cluster = Cluster({"k80": 12, "p100": 12, "v100": 12}, {"k80": server, "p100": server, "v100": server})
-    rates = _Rates(table, cluster, efficiency)
+    rates = JobRates(table, cluster, efficiency)
     by_id = {job.job_id: job for job in trace}
     jobs = [PolicyJob(j.job_id, j.devices, rates.flavors_for(j), 0.0, mixable=True) for j in trace]
     problem = AllocationProblem(jobs, dict(cluster.devices), lambda job, config: rates(by_id[job.job_id], config))
@@ -178,20 +179,13 @@ def decision_time(trials: int) -> dict[str, float]:
     cluster = Cluster({"k80": 2000, "p100": 3000, "v100": 3000}, {"k80": 8, "p100": 8, "v100": 8})
     capacity = dict(cluster.devices)
     by_id = {job.job_id: job for job in jobs}
+    rates = JobRates(table, cluster, 1.0)  # gangs of up to 8 fit a server: packed rates; mixes spread
 
-    def rate(job: PolicyJob, config) -> float:  # type: ignore[no-untyped-def]
-        sim = by_id[job.job_id]
-        if config.mixed:
-            return sum(
-                n * (table.steps_per_s(sim.job_type, f, sim.devices, consolidated=False) or 0.0) / sim.devices
-                for f, n in config.counts
-            )
-        flavor, count = config.counts[0]
-        return table.steps_per_s(sim.job_type, flavor, count, consolidated=True) or 0.0
+    def rate(job: PolicyJob, config: Config) -> float:
+        return rates(by_id[job.job_id], config)
 
-    def rate_by_id(job_id: int, config) -> float:  # type: ignore[no-untyped-def]
-        sim = by_id[job_id]
-        return rate(PolicyJob(job_id, sim.devices, (), sim.arrival_s), config)
+    def rate_by_id(job_id: int, config: Config) -> float:
+        return rates(by_id[job_id], config)
 
     timings: dict[str, float] = {}
     for name in ("aware", "mixed", "fifo"):

@@ -357,14 +357,16 @@ class Balancer:
         )
         return Decision(target, True, reason, stragglers, self.predicted, efficiency)
 
+    def promised(self, rank: int) -> float:
+        """What ``rank``'s score promises: its share of the scores times the gang's predicted total."""
+        return sum(self._predicted) * self.scores[rank] / sum(self.scores)
+
     def _stragglers(self) -> tuple[int, ...]:
         """Ranks whose measured speed stays below ``straggler_ratio`` of what their score promises, the
         promise scaled to the gang's measured total (a uniformly slow gang has no straggler)."""
-        total_score, total_measured = sum(self.scores), sum(self._predicted)
         out = []
-        for rank, (score, predicted) in enumerate(zip(self.scores, self._predicted, strict=True)):
-            expected = total_measured * score / total_score
-            if predicted < self.config.straggler_ratio * expected:
+        for rank, predicted in enumerate(self._predicted):
+            if predicted < self.config.straggler_ratio * self.promised(rank):
                 self._slow[rank] += 1
             else:
                 self._slow[rank] = 0

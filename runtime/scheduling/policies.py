@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Protocol
 
 import numpy as np
@@ -75,6 +76,15 @@ class Config:
 
     def count(self, flavor: str) -> int:
         return dict(self.counts).get(flavor, 0)
+
+    def fits(self, left: Mapping[str, int]) -> bool:
+        """Are there enough devices ``left`` (per flavor) for this configuration?"""
+        return all(left.get(f, 0) >= n for f, n in self.counts)
+
+    def take_from(self, left: dict[str, int]) -> None:
+        """Count this configuration's devices out of ``left``."""
+        for f, n in self.counts:
+            left[f] -= n
 
     def __str__(self) -> str:
         return "+".join(f"{n}x{flavor}" for flavor, n in self.counts)
@@ -131,18 +141,12 @@ def configs_for(job: PolicyJob, capacity: Mapping[str, int], *, mixes: bool) -> 
     configs = [Config(((f, job.devices),)) for f in allowed if capacity[f] >= job.devices]
     if mixes and job.mixable and job.devices > 1 and len(allowed) > 1:
         for group in range(2, min(MAX_MIX_FLAVORS, len(allowed), job.devices) + 1):
-            for flavors in _subsets(sorted(allowed), group):
+            for flavors in combinations(sorted(allowed), group):
                 for split in _splits(job.devices, group, step=-(-job.devices // MIX_STEPS)):
                     counts = dict(zip(flavors, split, strict=True))
                     if all(counts[f] <= capacity[f] for f in flavors):
                         configs.append(Config.from_mapping(counts))
     return configs
-
-
-def _subsets(items: Sequence[str], size: int) -> list[tuple[str, ...]]:
-    if size == 0:
-        return [()]
-    return [(items[i], *rest) for i in range(len(items)) for rest in _subsets(items[i + 1 :], size - 1)]
 
 
 def _splits(total: int, parts: int, step: int = 1) -> list[tuple[int, ...]]:
@@ -176,28 +180,19 @@ class FifoPolicy:
         left = dict(problem.capacity)
         allocation: Allocation = {}
         for job in problem.jobs:
-            if job.current is not None and _fits(job.current, left):
-                _take(job.current, left)
+            if job.current is not None and job.current.fits(left):
+                job.current.take_from(left)
                 allocation[job.job_id] = {job.current: 1.0}
         for job in sorted(problem.jobs, key=lambda j: (j.submitted_at, j.job_id)):
             if job.job_id in allocation:
                 continue
-            fitting = [c for c in configs_for(job, problem.capacity, mixes=False) if _fits(c, left)]
+            fitting = [c for c in configs_for(job, problem.capacity, mixes=False) if c.fits(left)]
             allocation[job.job_id] = {}
             if fitting:
                 config = max(fitting, key=lambda c: left[c.counts[0][0]])  # stable: first of equals
-                _take(config, left)
+                config.take_from(left)
                 allocation[job.job_id] = {config: 1.0}
         return allocation
-
-
-def _fits(config: Config, left: Mapping[str, int]) -> bool:
-    return all(left.get(f, 0) >= n for f, n in config.counts)
-
-
-def _take(config: Config, left: dict[str, int]) -> None:
-    for f, n in config.counts:
-        left[f] -= n
 
 
 # --------------------------------------------------------------------------------------------------
@@ -216,7 +211,6 @@ class _Program:
     score: list[np.ndarray]  # per job, the normalized score per unit of time in each configuration
     remaining_s: np.ndarray  # per job, seconds of work left on the pool's average device (nan: unknown)
     columns: list[tuple[int, Config]]  # flat variable index -> (job index, configuration)
-    offset: list[int]  # first column of each job
 
 
 def _build(problem: AllocationProblem, *, aware: bool, mixes: bool) -> _Program:
@@ -225,11 +219,9 @@ def _build(problem: AllocationProblem, *, aware: bool, mixes: bool) -> _Program:
     configs: list[list[Config]] = []
     scores: list[np.ndarray] = []
     columns: list[tuple[int, Config]] = []
-    offset: list[int] = []
     remaining = np.full(len(jobs), np.nan)
     for index, job in enumerate(jobs):
         job_configs = configs_for(job, problem.capacity, mixes=mixes)
-        offset.append(len(columns))
         configs.append(job_configs)
         columns.extend((index, c) for c in job_configs)
         if not aware:
@@ -248,7 +240,7 @@ def _build(problem: AllocationProblem, *, aware: bool, mixes: bool) -> _Program:
         if job.remaining_steps is not None:
             remaining[index] = job.remaining_steps / average
     capacity = np.array([float(problem.capacity[f]) for f in flavors])
-    return _Program(jobs, configs, flavors, capacity, scores, remaining, columns, offset)
+    return _Program(jobs, configs, flavors, capacity, scores, remaining, columns)
 
 
 def _constraint_rows(program: _Program) -> tuple[coo_matrix, np.ndarray]:

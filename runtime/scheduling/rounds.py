@@ -78,8 +78,8 @@ def plan_round(
     left = dict(capacity)
     plan: dict[int, Config] = {}
     for _, _, job_id, config in candidates:
-        if job_id not in plan and _fits(config, left):
-            _take(config, left)
+        if job_id not in plan and config.fits(left):
+            config.take_from(left)
             plan[job_id] = config
     if work_conserving:
         _fill(plan, allocation, jobs, left, rate)
@@ -106,16 +106,7 @@ def _fill(
         if job.current is not None:
             choices.insert(0, job.current)  # staying costs no restart
         for config in choices:
-            if _fits(config, left):
-                _take(config, left)
+            if config.fits(left):
+                config.take_from(left)
                 plan[job.job_id] = config
                 break
-
-
-def _fits(config: Config, left: Mapping[str, int]) -> bool:
-    return all(left.get(f, 0) >= n for f, n in config.counts)
-
-
-def _take(config: Config, left: dict[str, int]) -> None:
-    for f, n in config.counts:
-        left[f] -= n

@@ -9,7 +9,7 @@
 """
 
 from runtime.simulate.admission import SimResult, TraceJob, simulate, water_fill
-from runtime.simulate.rounds import Cluster, RoundResult, Summary, run_rounds, summarize
+from runtime.simulate.rounds import Cluster, JobRates, RoundResult, Summary, run_rounds, summarize
 from runtime.simulate.trace import (
     SimJob,
     ThroughputTable,
@@ -22,6 +22,7 @@ from runtime.simulate.trace import (
 
 __all__ = [
     "Cluster",
+    "JobRates",
     "RoundResult",
     "SimJob",
     "SimResult",

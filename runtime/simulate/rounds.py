@@ -47,7 +47,16 @@ from runtime.scheduling.rounds import RoundJob, plan_round
 from runtime.simulate.admission import water_fill
 from runtime.simulate.trace import SimJob, ThroughputTable
 
-__all__ = ["DEVICE_CHOICES", "Cluster", "GangPlacement", "RoundResult", "Summary", "run_rounds", "summarize"]
+__all__ = [
+    "DEVICE_CHOICES",
+    "Cluster",
+    "GangPlacement",
+    "JobRates",
+    "RoundResult",
+    "Summary",
+    "run_rounds",
+    "summarize",
+]
 
 DeviceChoice = Literal["topology", "pack", "random"]
 DEVICE_CHOICES: tuple[DeviceChoice, ...] = ("topology", "pack", "random")
@@ -198,7 +207,7 @@ class _Active:
     placement: GangPlacement | None = None  # with a device layout: its current placement
 
 
-class _Rates:
+class JobRates:
     """Steps per second of a job in a configuration on this cluster, memoized."""
 
     def __init__(self, table: ThroughputTable, cluster: Cluster, balance_efficiency: float) -> None:
@@ -211,40 +220,31 @@ class _Rates:
         key = (job.job_type, job.devices, config)
         rate = self._memo.get(key)
         if rate is None:
-            rate = self._compute(job, config)
+            rate = self._rate(job, config, one_node=False)
             self._memo[key] = rate
         return rate
-
-    def _compute(self, job: SimJob, config: Config) -> float:
-        if not config.mixed:
-            flavor, count = config.counts[0]
-            together = count <= self.cluster.server_size(flavor)
-            rate = self.table.steps_per_s(job.job_type, flavor, count, consolidated=together)
-            if rate is None and together:  # measured only spread over servers: no faster packed
-                rate = self.table.steps_per_s(job.job_type, flavor, count, consolidated=False)
-            return rate or 0.0
-        per_device = 0.0
-        for flavor, count in config.counts:
-            gang_rate = self.table.steps_per_s(job.job_type, flavor, job.devices, consolidated=False) or 0.0
-            per_device += count * gang_rate / job.devices
-        return per_device * self.balance_efficiency
 
     def on_one_node(self, job: SimJob, config: Config) -> float:
         """The table's rate as if every device of the gang shared one node (the consolidated rate; a mix at
         each flavor's consolidated per-device rate). With a layout, the step-time factor then charges the
         gang for how it is actually spread, so the table's own spread penalty is not paid twice."""
-        if config.mixed:
-            per_device = 0.0
-            for flavor, count in config.counts:
-                gang = self.table.steps_per_s(job.job_type, flavor, job.devices, consolidated=True)
-                if gang is None:
-                    gang = self.table.steps_per_s(job.job_type, flavor, job.devices, consolidated=False) or 0.0
-                per_device += count * gang / job.devices
-            return per_device * self.balance_efficiency
-        flavor, count = config.counts[0]
-        rate = self.table.steps_per_s(job.job_type, flavor, count, consolidated=True)
-        if rate is None:
-            rate = self.table.steps_per_s(job.job_type, flavor, count, consolidated=False)
+        return self._rate(job, config, one_node=True)
+
+    def _rate(self, job: SimJob, config: Config, *, one_node: bool) -> float:
+        if not config.mixed:
+            flavor, count = config.counts[0]
+            packed = one_node or count <= self.cluster.server_size(flavor)
+            return self._table_rate(job.job_type, flavor, count, packed=packed)
+        per_device = sum(
+            count * self._table_rate(job.job_type, flavor, job.devices, packed=one_node) / job.devices
+            for flavor, count in config.counts
+        )
+        return per_device * self.balance_efficiency
+
+    def _table_rate(self, job_type: str, flavor: str, count: int, *, packed: bool) -> float:
+        rate = self.table.steps_per_s(job_type, flavor, count, consolidated=packed)
+        if rate is None and packed:  # measured only spread over servers: no faster packed
+            rate = self.table.steps_per_s(job_type, flavor, count, consolidated=False)
         return rate or 0.0
 
     def flavors_for(self, job: SimJob) -> tuple[str, ...]:
@@ -283,7 +283,7 @@ class _Placer:
     def __init__(
         self,
         cluster: Cluster,
-        rates: _Rates,
+        rates: JobRates,
         device_choice: DeviceChoice,
         comm_fraction: float,
         link: LinkModel | None,
@@ -358,7 +358,7 @@ def run_rounds(
         raise ValueError(f"device_choice must be one of {', '.join(DEVICE_CHOICES)}, got {device_choice!r}")
     if not 0.0 <= comm_fraction <= 1.0:
         raise ValueError(f"comm_fraction must be in [0, 1], got {comm_fraction!r}")
-    rates = _Rates(table, cluster, balance_efficiency)
+    rates = JobRates(table, cluster, balance_efficiency)
     placer = None
     if cluster.fabric is not None:
         placer = _Placer(cluster, rates, device_choice, comm_fraction, link, seed)

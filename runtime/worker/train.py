@@ -140,10 +140,8 @@ class _Rebalancer:
 
     def _report_stragglers(self, step: int, decision: Decision) -> None:
         now = set(decision.stragglers)
-        scores = self.balancer.scores
-        total_predicted = sum(decision.predicted)
         for rank in sorted(now - self.stragglers):
-            expected = total_predicted * scores[rank] / sum(scores)
+            expected = self.balancer.promised(rank)
             self.telemetry.emit(
                 "straggler",
                 step=step,
