@@ -15,6 +15,9 @@ WORKLOAD_KINDS = ("synthetic-mlp",)
 # How a job's global batch is split across its devices (``runtime.balancing``): by measured speed as
 # the job runs (dynamic), by the flavors' benchmark scores once (static), or evenly (equal).
 BALANCING_MODES = ("dynamic", "static", "equal")
+# How gradients travel between ranks (``runtime.comm``): dense fp32, a cast, a sparse or low-rank code
+# with error feedback, or chosen from the measured link bandwidth and the model size.
+COMPRESSIONS = ("none", "fp16", "bf16", "topk", "powersgd", "auto")
 MAX_DEVICES = 64
 MAX_PRIORITY = 1000
 
@@ -39,6 +42,20 @@ class BalancingSpec:
 
 
 @dataclass(frozen=True)
+class CommSpec:
+    compression: str = "none"
+    density: float = 0.1  # topk: the share of entries sent each step, after the warm-up
+    rank: int = 4  # powersgd: the rank of the approximation
+    bucket_mb: float = 25.0  # gradients travel in buckets of about this size, each as soon as it is ready
+    hierarchical: bool = True  # reduce inside each vendor group first; compress only between groups
+    warmup_steps: int = 20  # topk: the density falls from dense to ``density`` over these steps
+    overlap: bool = True  # send each bucket while the backward pass still computes the others
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     devices: int
@@ -48,6 +65,7 @@ class JobSpec:
     # capacity (never a tenant's nominal share).
     priority: int = 0
     balancing: BalancingSpec = field(default_factory=BalancingSpec)
+    comm: CommSpec = field(default_factory=CommSpec)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -115,11 +133,42 @@ def parse_balancing(raw: Any) -> BalancingSpec:
     return BalancingSpec(mode=mode)
 
 
+def _bool(raw: dict[str, Any], key: str, path: str, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(path, f"must be true or false, got {value!r}")
+    return value
+
+
+def parse_comm(raw: Any) -> CommSpec:
+    if raw is None:
+        return CommSpec()
+    if not isinstance(raw, dict):
+        raise SpecError("comm", 'must be an object such as {"compression": "topk", "density": 0.01}')
+    _reject_unknown(raw, set(CommSpec.__dataclass_fields__), "comm.")
+    compression = raw.get("compression", "none")
+    if compression not in COMPRESSIONS:
+        raise SpecError(
+            "comm.compression",
+            f"{compression!r} is not a compression; use one of {', '.join(COMPRESSIONS)} "
+            "(auto picks from the measured link bandwidth and the model size)",
+        )
+    return CommSpec(
+        compression=compression,
+        density=_float(raw, "density", "comm.density", 0.1, 0.0, 1.0),
+        rank=_int(raw, "rank", "comm.rank", 4, 1, 256),
+        bucket_mb=_float(raw, "bucket_mb", "comm.bucket_mb", 25.0, 0.0, 1024.0),
+        hierarchical=_bool(raw, "hierarchical", "comm.hierarchical", True),
+        warmup_steps=_int(raw, "warmup_steps", "comm.warmup_steps", 20, 0, 100_000),
+        overlap=_bool(raw, "overlap", "comm.overlap", True),
+    )
+
+
 def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
     """Validate a job spec. ``known_flavors`` (when given) rejects flavors the pool lacks."""
     if not isinstance(raw, dict):
         raise SpecError("spec", "must be a JSON object with name, devices and flavors")
-    _reject_unknown(raw, {"name", "devices", "flavors", "workload", "priority", "balancing"}, "")
+    _reject_unknown(raw, {"name", "devices", "flavors", "workload", "priority", "balancing", "comm"}, "")
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
         raise SpecError("name", 'required; give the job a short name such as "resnet-sweep-1"')
@@ -145,4 +194,5 @@ def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
         workload=workload,
         priority=priority,
         balancing=parse_balancing(raw.get("balancing")),
+        comm=parse_comm(raw.get("comm")),
     )

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from runtime.balancing import Balancer, BalancerConfig, BalancingError, Split, max_micro_batch
+from runtime.comm.link import LinkEmulation
 from runtime.errors import FieldError
-from runtime.jobspec import SpecError, WorkloadSpec, parse_workload
+from runtime.jobspec import CommSpec, SpecError, WorkloadSpec, parse_comm, parse_workload
 
 # The shape of the built-in synthetic-mlp task (``runtime.worker.workload`` imports these; kept here,
 # free of torch, for the memory model below).
@@ -56,6 +57,7 @@ class TrainResult:
     losses: list[float]  # global mean loss of every step, in order
     artifact: str | None  # path of the saved model (rank 0 only)
     wall_time_s: float
+    comm: dict[str, Any] = field(default_factory=dict)  # this rank's exchange: bytes, times (runtime.comm)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,11 @@ class WorkerConfig:
     caps: tuple[int | None, ...] | None = None  # per rank: the most samples per micro-step (memory)
     # An explicit split with accumulation chunks (``Split.to_json``); when set, ``micro_batches`` is its per_rank.
     split: tuple[tuple[int, ...], ...] | None = None
+    # How gradients travel (``runtime.comm``): the job's policy, each rank's vendor group (ranks of one
+    # group share a fast link; None: all one group), and the emulated cross-group link.
+    comm: CommSpec = field(default_factory=CommSpec)
+    vendor_groups: tuple[int, ...] | None = None
+    link: LinkEmulation = field(default_factory=LinkEmulation)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -97,6 +104,9 @@ class WorkerConfig:
         data["scores"] = list(self.scores) if self.scores is not None else None
         data["caps"] = list(self.caps) if self.caps is not None else None
         data["split"] = [list(chunk) for chunk in self.split] if self.split is not None else None
+        data["comm"] = self.comm.to_json()
+        data["vendor_groups"] = list(self.vendor_groups) if self.vendor_groups is not None else None
+        data["link"] = self.link.to_json()
         return {**extra, **data}
 
 
@@ -268,6 +278,7 @@ def parse_config(raw: Any) -> WorkerConfig:
     telemetry_token = _check_type(raw, "telemetry_token", str, optional=True) or ""
     telemetry_file = _check_type(raw, "telemetry_file", str, optional=True)
     fail_at_step = _check_type(raw, "fail_at_step", int, optional=True)
+    comm, vendor_groups, link = _parse_comm(raw, world_size)
     timeout = _check_type(raw, "collective_timeout_s", (int, float), optional=True)
     if timeout is not None and (isinstance(timeout, bool) or timeout <= 0):
         raise ConfigError("collective_timeout_s", f"must be a positive number of seconds, got {timeout!r}")
@@ -282,6 +293,9 @@ def parse_config(raw: Any) -> WorkerConfig:
         "scores",
         "caps",
         "split",
+        "comm",
+        "vendor_groups",
+        "link",
     }
     return WorkerConfig(
         job_id=raw["job_id"],
@@ -303,6 +317,9 @@ def parse_config(raw: Any) -> WorkerConfig:
         scores=scores,
         caps=caps,
         split=split,
+        comm=comm,
+        vendor_groups=vendor_groups,
+        link=link,
         # Unknown keys are kept, not rejected, so a newer control plane can talk to an older worker.
         extra={k: v for k, v in raw.items() if k not in known},
     )
@@ -345,6 +362,30 @@ def _parse_balancing(
             )
         caps = tuple(caps_raw)
     return balancing, scores, caps
+
+
+def _parse_comm(raw: dict[str, Any], world_size: int) -> tuple[CommSpec, tuple[int, ...] | None, LinkEmulation]:
+    try:
+        comm = parse_comm(raw.get("comm"))
+    except SpecError as exc:
+        raise ConfigError(exc.field, exc.message) from None
+    groups_raw = raw.get("vendor_groups")
+    vendor_groups: tuple[int, ...] | None = None
+    if groups_raw is not None:
+        if (
+            not isinstance(groups_raw, list)
+            or len(groups_raw) != world_size
+            or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in groups_raw)
+        ):
+            raise ConfigError(
+                "vendor_groups", f"expected {world_size} whole numbers >= 0, one group per rank, got {groups_raw!r}"
+            )
+        vendor_groups = tuple(groups_raw)
+    try:
+        link = LinkEmulation.from_json(raw.get("link"))
+    except ValueError as exc:
+        raise ConfigError("link", str(exc)) from None
+    return comm, vendor_groups, link
 
 
 def _parse_split(raw: dict[str, Any], global_batch: int, world_size: int) -> tuple[tuple[int, ...], ...] | None:

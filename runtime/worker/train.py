@@ -8,11 +8,15 @@ The step protocol (every rank, every step):
 2. The step hooks run (the local backend's device emulation pads the step here), then the rank takes
    its own time: from the step's start to after the hooks. Nothing so far waited for another rank,
    so ``samples / own time`` is this rank's own speed, not the gang's.
-3. One SUM all-reduce of a flat vector: every parameter's gradient, the rank's summed loss, and its
-   samples/s at its own index (zeros elsewhere). Each sample of the global batch appears in exactly one
-   rank's chunk, so the summed gradient is ``(sum over all B samples of grad loss) / B``: the gradient
-   of the global-batch mean, the same as one process on the whole batch, for any split and any number
-   of chunks. Every rank learns the global loss and everyone's speed from the same collective.
+3. The gradients are summed over all ranks by ``runtime.comm``'s ``GradientReducer``: in buckets, each
+   sent as soon as the last backward pass finished it (overlapping the rest of the backward pass and
+   the hooks), hierarchically across vendor groups, under the job's compression policy. Then one
+   small SUM all-reduce of the rank's summed loss, its samples/s at its own index and its split
+   fingerprint (zeros elsewhere). Each sample of the global batch appears in exactly one rank's
+   chunk, so the summed gradient is ``(sum over all B samples of grad loss) / B``: the gradient of the
+   global-batch mean, the same as one process on the whole batch, for any split and any number of
+   chunks (exactly so with ``compression: none``). Every rank learns the global loss and everyone's
+   speed from the same collective.
 4. The optimizer steps (the same update on every rank, so parameters stay identical).
 5. On a check step (every step after the first, when the job balances), rank 0 gives the speeds to
    its ``Balancer`` and broadcasts ``[changed, accumulation]``; when the split changed it then
@@ -38,6 +42,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.balancing import Balancer, Decision, Split
+from runtime.comm.collectives import ring_allreduce
+from runtime.comm.reducer import StepComm
+from runtime.comm.session import Exchange, open_exchange
 from runtime.worker.config import StepHook, StepInfo, TrainResult, WorkerConfig, initial_split, make_balancer
 from runtime.worker.telemetry import Telemetry
 from runtime.worker.workload import SyntheticDataset, build_student, make_optimizer
@@ -100,19 +107,6 @@ def run(config: WorkerConfig, step_hooks: Sequence[StepHook] = ()) -> TrainResul
             # Tearing down after a failure must not mask the original error.
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-
-
-def _flat_grads(params: Sequence[nn.Parameter], extra: torch.Tensor) -> torch.Tensor:
-    parts = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in params]
-    return torch.cat([*parts, extra])
-
-
-def _unflatten_grads(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad = flat[offset : offset + n].view_as(p).clone()
-        offset += n
 
 
 class _Rebalancer:
@@ -190,6 +184,9 @@ def _train(config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Tele
     scale = 1.0 / spec.global_batch
     world = config.world_size
     losses: list[float] = []
+    exchange = _open_exchange(config, params, telemetry)
+    transport = exchange.transport
+    totals = _CommTotals()
 
     for step in range(1, spec.steps + 1):
         step_started = time.monotonic()
@@ -197,11 +194,16 @@ def _train(config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Tele
             raise InjectedFailure(f"injected failure at step {step} (fail_at_step)")
         inputs, labels = dataset.global_batch_at(step - 1)
         optimizer.zero_grad(set_to_none=True)
+        before = transport.counters.snapshot()
+        exchange.reducer.begin_step()
         loss_sum = torch.zeros(())
         slices = split.slices(config.rank)
-        for lo, hi in slices:
+        last_chunk = max((i for i, (lo, hi) in enumerate(slices) if hi > lo), default=-1)
+        for i, (lo, hi) in enumerate(slices):
             if hi == lo:
                 continue
+            if i == last_chunk:
+                exchange.reducer.arm()  # this backward pass finishes the gradients: buckets may go
             chunk_loss = F.cross_entropy(model(inputs[lo:hi]), labels[lo:hi], reduction="sum")
             (chunk_loss * scale).backward()
             loss_sum += chunk_loss.detach()
@@ -215,21 +217,21 @@ def _train(config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Tele
         own_time = time.monotonic() - step_started
         own_rate = samples / own_time if own_time > 0 else 0.0
 
-        # One collective for the step: gradients, the loss, everyone's own speed and split fingerprint.
-        # Each speed and fingerprint slot has one writer, so its sum is that rank's value on every rank.
+        comm = exchange.reducer.finish()  # the gradients are now the sums over all ranks
+        # The loss, everyone's own speed and split fingerprint. Each speed and fingerprint slot has
+        # one writer, so its sum is that rank's value on every rank.
         extra = torch.zeros(1 + 2 * world, dtype=torch.float32)
         extra[0] = loss_sum
         extra[1 + config.rank] = own_rate
         extra[1 + world + config.rank] = split_fingerprint(split)
-        flat = _flat_grads(params, extra)
-        dist.all_reduce(flat)
-        _unflatten_grads(params, flat[: flat.numel() - extra.numel()])
+        sums = ring_allreduce(transport, exchange.all_ranks(), extra).tolist()
         optimizer.step()
-        totals = flat[flat.numel() - extra.numel() :].tolist()
-        loss = totals[0] / spec.global_batch
-        speeds = totals[1 : 1 + world]
-        if len(set(totals[1 + world :])) > 1:
-            raise RuntimeError(f"step {step}: the ranks disagree on the split (fingerprints {totals[1 + world :]})")
+        moved = transport.counters.since(before)
+        totals.add(comm, moved.intra_bytes, moved.cross_bytes)
+        loss = sums[0] / spec.global_batch
+        speeds = sums[1 : 1 + world]
+        if len(set(sums[1 + world :])) > 1:
+            raise RuntimeError(f"step {step}: the ranks disagree on the split (fingerprints {sums[1 + world :]})")
         losses.append(loss)
 
         step_split = split
@@ -256,6 +258,11 @@ def _train(config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Tele
             "compute_time_s": compute_time,
             "own_time_s": own_time,
             "samples_per_s": own_rate,
+            "comm_bytes_intra": moved.intra_bytes,
+            "comm_bytes_cross": moved.cross_bytes,
+            "collective_s": comm.collective_s,
+            "exposed_s": comm.exposed_s,
+            "hidden_share": round(comm.hidden_share, 4),
         }
         if config.rank == 0:
             fields["split"] = step_split.to_json()
@@ -265,6 +272,8 @@ def _train(config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Tele
                 fields["efficiency"] = round(decision.efficiency, 4)
         telemetry.emit("step", **fields)
 
+    exchange.reducer.close()
+    telemetry.emit("comm_summary", **totals.summary())
     artifact: str | None = None
     if config.rank == 0:
         artifact = str(save_model(model, Path(config.artifacts_dir)))
@@ -276,7 +285,58 @@ def _train(config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Tele
         losses=losses,
         artifact=artifact,
         wall_time_s=time.monotonic() - started,
+        comm=totals.summary(),
     )
+
+
+class _CommTotals:
+    """This rank's exchange over the run, for the ``comm_summary`` event and ``TrainResult.comm``."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.bytes_intra = 0
+        self.bytes_cross = 0
+        self.collective_s = 0.0
+        self.exposed_s = 0.0
+
+    def add(self, comm: StepComm, bytes_intra: int, bytes_cross: int) -> None:
+        self.steps += 1
+        self.bytes_intra += bytes_intra
+        self.bytes_cross += bytes_cross
+        self.collective_s += comm.collective_s
+        self.exposed_s += comm.exposed_s
+
+    def summary(self) -> dict[str, Any]:
+        steps = max(1, self.steps)
+        hidden = 1.0 - self.exposed_s / self.collective_s if self.collective_s > 0 else 0.0
+        return {
+            "steps": self.steps,
+            "bytes_intra_per_step": self.bytes_intra / steps,
+            "bytes_cross_per_step": self.bytes_cross / steps,
+            "collective_s_per_step": self.collective_s / steps,
+            "exposed_s_per_step": self.exposed_s / steps,
+            "hidden_share": round(max(0.0, hidden), 4),
+        }
+
+
+def _open_exchange(config: WorkerConfig, params: Sequence[nn.Parameter], telemetry: Telemetry) -> Exchange:
+    groups = config.vendor_groups if config.vendor_groups is not None else (0,) * config.world_size
+    exchange = open_exchange(
+        params, config.comm, rank=config.rank, vendor_groups=groups, link=config.link, seed=config.workload.seed
+    )
+    telemetry.emit(
+        "comm",
+        policy=exchange.plan.label(),
+        compression=exchange.plan.compression,
+        reason=exchange.reason,
+        hierarchical=exchange.reducer.layout.hierarchical,
+        groups=[list(g) for g in exchange.reducer.layout.groups],
+        buckets=len(exchange.reducer.buckets),
+        overlap=exchange.plan.overlap,
+        link=config.link.to_json(),
+        link_gbit_measured=exchange.link_gbit_measured,
+    )
+    return exchange
 
 
 def save_model(model: nn.Module, artifacts_dir: Path) -> Path:

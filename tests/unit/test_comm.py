@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.comm import CastCodec, PowerSGDCodec, TopKCodec, index_bytes
+from runtime.comm.codecs import CastCodec, PowerSGDCodec, TopKCodec, index_bytes
 
 
 def test_casts_send_half_the_bytes():
@@ -44,8 +44,9 @@ def test_topk_sends_the_largest_entries_and_counts_values_and_indices():
     grad[[3, 500, 9_999]] = torch.tensor([5.0, -7.0, 2.0])
     encoded = TopKCodec(0.0003).encode(grad)  # k = 3
     assert torch.nonzero(encoded.decoded).flatten().tolist() == [3, 500, 9_999]
-    # 3 fp16 values (6 bytes) + 3 16-bit gaps (6 bytes): 12 bytes, where dense fp32 is 40,000.
-    assert encoded.wire_bytes == 12
+    # An 8-byte header, 3 fp16 values (6 bytes) and 3 16-bit gaps (6 bytes): 20 bytes, where dense
+    # fp32 is 40,000.
+    assert encoded.wire_bytes == 20
 
 
 @pytest.mark.parametrize(
@@ -53,7 +54,7 @@ def test_topk_sends_the_largest_entries_and_counts_values_and_indices():
     [
         ([0, 1, 2, 3], 16, (2, "bitmap")),  # 16 bits
         ([5, 100, 200], 1_000_000, (6, "delta16")),
-        ([0, 100, 70_100, 70_200, 70_300], 1_000_000, (14, "delta16")),  # one gap of 65,536+ escaped: 10 + 4
+        ([0, 100, 70_100, 70_200, 70_300], 1_000_000, (14, "delta16")),  # one gap of 65,535+ escaped: 10 + 4
         ([0, 70_000, 140_000], 1_000_000, (12, "int32")),  # two escapes: 6 + 8 > 12
         (list(range(0, 1_000_000, 100_000)), 1_000_000, (40, "int32")),  # every gap escaped: int32 wins
     ],

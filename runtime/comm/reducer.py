@@ -1,0 +1,305 @@
+"""The worker's gradient exchange: buckets, the hierarchy across vendor groups, the policy, overlap.
+
+``GradientReducer`` replaces a DDP communication hook in the worker's explicit step:
+
+- Parameters are grouped into buckets of about ``bucket_mb``, last layers first (the order in which
+  the backward pass finishes them). With ``overlap`` a background thread reduces each bucket as soon
+  as its last gradient is accumulated, while the backward pass computes the rest.
+- Each bucket is reduced hierarchically: summed inside each vendor group at its leader, exchanged
+  across the group leaders under the job's policy (the slow link, where compression pays), and
+  broadcast back inside each group. Without a hierarchy to exploit (``hierarchical: false``, every
+  group of one rank, or a single group) the policy applies to one flat exchange among all ranks.
+- Policies: dense (``none``, ``fp16``, ``bf16``: a ring all-reduce in that dtype), ``topk`` (sparse
+  payloads with error feedback, all-gathered and summed), ``powersgd`` (rank-r P and Q with error
+  feedback, ring all-reduced, with the bucket's vectors dense beside the P's).
+
+Every rank ends each step with the same gradient, bit for bit: each sum is computed once and copied.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from runtime.comm.codecs import PowerSGDCodec, TopKCodec, decode_sparse
+from runtime.comm.collectives import broadcast_from_leader, reduce_to_leader, ring_allgather, ring_allreduce
+from runtime.comm.transport import Transport
+
+__all__ = ["CommPlan", "GradientReducer", "Layout", "StepComm", "plan_buckets"]
+
+_CAST = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class CommPlan:
+    """A resolved policy (``auto`` already decided): what the reducer does."""
+
+    compression: str = "none"  # none | fp16 | bf16 | topk | powersgd
+    density: float = 0.1
+    rank: int = 4
+    bucket_mb: float = 25.0
+    hierarchical: bool = True
+    warmup_steps: int = 20
+    overlap: bool = True
+
+    def label(self) -> str:
+        if self.compression == "topk":
+            return f"topk (density {self.density:g})"
+        if self.compression == "powersgd":
+            return f"powersgd (rank {self.rank})"
+        return self.compression
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Who reduces with whom. ``groups``: the vendor groups' ranks; ``stages`` says whether the
+    hierarchy is used (intra-group reduce, cross-group exchange among leaders, intra broadcast)."""
+
+    groups: tuple[tuple[int, ...], ...]
+    hierarchical: bool
+
+    @classmethod
+    def of(cls, vendor_groups: Sequence[int], hierarchical: bool) -> Layout:
+        by_group: dict[int, list[int]] = {}
+        for rank, group in enumerate(vendor_groups):
+            by_group.setdefault(group, []).append(rank)
+        groups = tuple(tuple(ranks) for _, ranks in sorted(by_group.items(), key=lambda kv: kv[1][0]))
+        useful = hierarchical and len(groups) > 1 and any(len(g) > 1 for g in groups)
+        if not useful:  # flat: every rank takes part in the exchange
+            groups = tuple((r,) for r in range(len(vendor_groups)))
+        return cls(groups, useful)
+
+    @property
+    def leaders(self) -> tuple[int, ...]:
+        return tuple(g[0] for g in self.groups)
+
+    def group_of(self, rank: int) -> tuple[int, ...]:
+        return next(g for g in self.groups if rank in g)
+
+
+def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
+    """Parameter indices in buckets of about ``bucket_bytes`` (fp32), last parameter first."""
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for index in reversed(range(len(sizes))):
+        if current and filled + sizes[index] * 4 > bucket_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+        current.append(index)
+        filled += sizes[index] * 4
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+@dataclass
+class StepComm:
+    """One step's exchange, as telemetry reports it."""
+
+    collective_s: float = 0.0  # time spent reducing buckets (compression included)
+    exposed_s: float = 0.0  # of which the step waited for after its compute was done
+    buckets: int = 0
+
+    @property
+    def hidden_share(self) -> float:
+        if self.collective_s <= 0:
+            return 0.0
+        return max(0.0, min(1.0, 1.0 - self.exposed_s / self.collective_s))
+
+
+class _Bucket:
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+        self.numel = sum(p.numel() for p in params)
+        self.ready = threading.Event()
+        self.pending = len(params)
+        self.codec: TopKCodec | None = None
+        self.power: list[PowerSGDCodec | None] = []
+
+    def flat_grad(self) -> torch.Tensor:
+        parts = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in self.params]
+        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+
+    def write_back(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
+
+class GradientReducer:
+    def __init__(
+        self, params: Sequence[nn.Parameter], plan: CommPlan, transport: Transport, layout: Layout, *, seed: int = 0
+    ) -> None:
+        self.plan = plan
+        self.transport = transport
+        self.layout = layout
+        self.rank = transport.rank
+        self.group = layout.group_of(self.rank)
+        self.is_leader = self.group[0] == self.rank
+        params = list(params)
+        bucket_bytes = max(1, int(plan.bucket_mb * 2**20))
+        self.buckets = [_Bucket([params[i] for i in idx]) for idx in plan_buckets([p.numel() for p in params], bucket_bytes)]
+        if plan.compression == "topk":
+            for bucket in self.buckets:
+                bucket.codec = TopKCodec(plan.density, warmup_steps=plan.warmup_steps)
+        elif plan.compression == "powersgd":
+            for b, bucket in enumerate(self.buckets):
+                bucket.power = [
+                    PowerSGDCodec(plan.rank, seed=seed * 7919 + b * 131 + i)
+                    if p.dim() >= 2 and PowerSGDCodec.worth_compressing(p.shape, plan.rank)
+                    else None
+                    for i, p in enumerate(bucket.params)
+                ]
+        self._armed = False
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._stats = StepComm()
+        self._thread: threading.Thread | None = None
+        self._hooks = []
+        if plan.overlap:
+            for bucket in self.buckets:
+                for p in bucket.params:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(bucket)))
+
+    # -- the step ----------------------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        """Before the step's first backward pass."""
+        for bucket in self.buckets:
+            bucket.ready.clear()
+            bucket.pending = len(bucket.params)
+        self._armed = False
+        self._stats = StepComm()
+        self._error = None
+        self._done.clear()
+        if self.plan.overlap:
+            self._thread = threading.Thread(target=self._reduce_all, name="grad-reducer", daemon=True)
+            self._thread.start()
+
+    def arm(self) -> None:
+        """Before the step's last backward pass: from now on a finished gradient is final."""
+        self._armed = True
+
+    def _make_hook(self, bucket: _Bucket):  # type: ignore[no-untyped-def]
+        def hook(param: nn.Parameter) -> None:
+            if self._armed:
+                bucket.pending -= 1
+                if bucket.pending == 0:
+                    bucket.ready.set()
+
+        return hook
+
+    def finish(self) -> StepComm:
+        """After the compute (and the step hooks): wait for every bucket; the gradients are then the
+        sums over all ranks. Returns the step's figures."""
+        waited_from = time.monotonic()
+        if self.plan.overlap:
+            for bucket in self.buckets:  # a rank without samples, or a parameter the loss did not reach
+                bucket.ready.set()
+            self._done.wait()
+            assert self._thread is not None
+            self._thread.join()
+        else:
+            self._reduce_all()
+        if self._error is not None:
+            raise self._error
+        stats = self._stats
+        stats.exposed_s = min(stats.collective_s, time.monotonic() - waited_from)
+        return stats
+
+    def close(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def _reduce_all(self) -> None:
+        try:
+            for bucket in self.buckets:  # the same order on every rank
+                bucket.ready.wait()
+                started = time.monotonic()
+                bucket.write_back(self._reduce(bucket, bucket.flat_grad()))
+                self._stats.collective_s += time.monotonic() - started
+                self._stats.buckets += 1
+        except BaseException as exc:  # surfaced on the main thread by finish()
+            self._error = exc
+        finally:
+            self._done.set()
+
+    # -- one bucket --------------------------------------------------------------------------------
+
+    def _reduce(self, bucket: _Bucket, flat: torch.Tensor) -> torch.Tensor:
+        hierarchical = self.layout.hierarchical and len(self.group) > 1
+        if hierarchical:
+            flat = reduce_to_leader(self.transport, self.group, flat)
+        if self.is_leader:
+            flat = self._exchange(bucket, flat, list(self.layout.leaders))
+        if hierarchical:
+            flat = broadcast_from_leader(self.transport, self.group, flat)
+        return flat
+
+    def _exchange(self, bucket: _Bucket, flat: torch.Tensor, members: list[int]) -> torch.Tensor:
+        """The sum of ``flat`` over ``members`` (the group leaders), under the job's policy."""
+        compression = self.plan.compression
+        if len(members) == 1:
+            return flat
+        if compression in _CAST:
+            return ring_allreduce(self.transport, members, flat, _CAST[compression])
+        if compression == "topk":
+            assert bucket.codec is not None
+            payload, _ = bucket.codec.compress(flat)
+            total = torch.zeros(bucket.numel)
+            for received in ring_allgather(self.transport, members, payload):  # member order: same sums
+                values, indices = decode_sparse(received, bucket.numel)
+                total.index_add_(0, indices, values)
+            return total
+        if compression == "powersgd":
+            return self._powersgd(bucket, flat, members)
+        raise ValueError(f"compression: {compression!r} is not a resolved policy")
+
+    def _powersgd(self, bucket: _Bucket, flat: torch.Tensor, members: list[int]) -> torch.Tensor:
+        views: list[torch.Tensor] = []
+        offset = 0
+        for p in bucket.params:
+            views.append(flat[offset : offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        dense = [v.reshape(-1) for v, codec in zip(views, bucket.power, strict=True) if codec is None]
+        projections = [
+            codec.project(v).reshape(-1) for v, codec in zip(views, bucket.power, strict=True) if codec is not None
+        ]
+        # One message for the P's and the uncompressed vectors, a second for the Q's.
+        first = ring_allreduce(self.transport, members, torch.cat([*projections, *dense]))
+        q_parts: list[torch.Tensor] = []
+        cursor = 0
+        for v, codec in zip(views, bucket.power, strict=True):
+            if codec is None:
+                continue
+            n, m = PowerSGDCodec.as_matrix(v.shape)
+            r = min(codec.rank, n, m)
+            p_sum = first[cursor : cursor + n * r].view(n, r)
+            cursor += n * r
+            q_parts.append(codec.back_project(p_sum).reshape(-1))
+        dense_sum = first[cursor:]
+        q_sum = ring_allreduce(self.transport, members, torch.cat(q_parts)) if q_parts else torch.zeros(0)
+        out = torch.empty_like(flat)
+        offset = q_offset = dense_offset = 0
+        for v, codec in zip(views, bucket.power, strict=True):
+            n = v.numel()
+            if codec is None:
+                out[offset : offset + n] = dense_sum[dense_offset : dense_offset + n]
+                dense_offset += n
+            else:
+                rows, m = PowerSGDCodec.as_matrix(v.shape)
+                r = min(codec.rank, rows, m)
+                q = q_sum[q_offset : q_offset + m * r].view(m, r)
+                q_offset += m * r
+                out[offset : offset + n] = codec.finish(q, v.shape).reshape(-1)
+            offset += n
+        return out
