@@ -41,7 +41,7 @@ from jobs.models import (
 from jobs.telemetry import TelemetryEvent
 from runtime.backends.base import LaunchRequest, Phase, RankPlacement
 from runtime.inventory import Fabric, Pool, make_topology, rack_fat_tree
-from runtime.jobspec import JobSpec, parse_balancing, parse_workload
+from runtime.jobspec import JobSpec, parse_balancing, parse_comm, parse_workload
 from runtime.scheduling import QuotaLedger
 from runtime.scheduling.model import MILLI, NAU
 
@@ -533,6 +533,7 @@ def _launch_request(job: TrainingJob) -> LaunchRequest:
             node=a.device.node.name,
             score=scores[a.device.flavor.name],
             memory_gib=a.device.flavor.memory_gib,
+            vendor=a.device.flavor.vendor,
         )
         for a in ordered
     )
@@ -544,6 +545,7 @@ def _launch_request(job: TrainingJob) -> LaunchRequest:
         telemetry_token=ingest_token(job),
         artifacts_dir=str(settings.POLYCHIP_ARTIFACTS_DIR / run_key(job)),
         balancing=parse_balancing(job.spec.get("balancing")).mode,
+        comm=parse_comm(job.spec.get("comm")),
     )
 
 

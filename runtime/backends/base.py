@@ -6,11 +6,11 @@ the one that provisioned, can observe or tear down the job.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from runtime.jobspec import WorkloadSpec
+from runtime.jobspec import CommSpec, WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,8 @@ class RankPlacement:
     # else its peak bf16 TFLOP/s; one unit for the whole job) and its memory. None: unknown.
     score: float | None = None
     memory_gib: float | None = None
+    # Ranks of one vendor share a fast link; traffic between vendors crosses the slow one (runtime.comm).
+    vendor: str = ""
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,19 @@ class LaunchRequest:
     artifacts_dir: str
     # How the global batch is split across the ranks: dynamic | static | equal (``runtime.balancing``).
     balancing: str = "dynamic"
+    # How gradients travel: compression policy, buckets, hierarchy (``runtime.comm``).
+    comm: CommSpec = field(default_factory=CommSpec)
+
+
+def vendor_groups(placements: tuple[RankPlacement, ...]) -> tuple[int, ...]:
+    """Each rank's vendor group, numbered in rank order of first appearance (a rank without a
+    vendor counts by its flavor)."""
+    numbers: dict[str, int] = {}
+    groups = []
+    for placement in sorted(placements, key=lambda p: p.rank):
+        key = placement.vendor or f"flavor:{placement.flavor}"
+        groups.append(numbers.setdefault(key, len(numbers)))
+    return tuple(groups)
 
 
 class Phase(StrEnum):

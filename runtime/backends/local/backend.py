@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import runtime
-from runtime.backends.base import LaunchRequest, Observation, Phase, RankState
+from runtime.backends.base import LaunchRequest, Observation, Phase, RankState, vendor_groups
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
 from runtime.backends.local.procs import pid_alive, signal_group, signal_pid
 from runtime.backends.local.supervisor import LAUNCH_FILE, PID_FILE, STATUS_FILE, STOP_FILE
 from runtime.balancing import BalancerConfig, BalancingError
+from runtime.comm.link import LinkEmulation
 from runtime.worker.config import WorkerConfig, initial_split, memory_cap
 
 if TYPE_CHECKING:
@@ -89,6 +90,8 @@ class LocalBackend:
         telemetry_files: bool = False,
         grace_s: float = 5.0,
         worker_overrides: dict[int, dict[str, Any]] | None = None,
+        link_gbit: float | None = None,
+        link_shaping: str = "auto",
     ) -> None:
         """``profiles`` maps flavor -> {"relative_speed": float} (``Pool.local_profiles``).
 
@@ -96,6 +99,11 @@ class LocalBackend:
         also records each rank's events as JSON lines in the run dir. ``grace_s`` is how long a
         SIGTERMed rank gets before SIGKILL. ``worker_overrides`` merges extra keys into rank N's
         worker config (e.g. ``{1: {"fail_at_step": 3}}`` for fault injection in tests).
+
+        ``link_gbit`` slows the link between vendor groups to that many Gbit/s, so that the effect of
+        compression shows on one host (loopback is too fast for it to pay). ``link_shaping``: ``netns``
+        (real shaping, ``tc`` in network namespaces; needs root), ``token_bucket`` (the ranks' own
+        transport waits), or ``auto`` (netns where the machine allows it, else the token bucket).
         """
         if sample_time_ms < 0:
             raise ValueError(f"sample_time_ms must be >= 0, got {sample_time_ms}")
@@ -106,6 +114,18 @@ class LocalBackend:
         self.telemetry_files = telemetry_files
         self.grace_s = grace_s
         self.worker_overrides = worker_overrides or {}
+        if link_gbit is not None and not link_gbit > 0:
+            raise ValueError(f"link_gbit: must be a number of Gbit/s > 0, or None for no throttling; got {link_gbit}")
+        if link_shaping not in ("auto", "netns", "token_bucket"):
+            raise ValueError(f"link_shaping: {link_shaping!r}; use auto, netns or token_bucket")
+        self.link_gbit = link_gbit
+        self.link_shaping = link_shaping
+
+    def link_for(self, groups: Sequence[int]) -> LinkEmulation:
+        """How this backend emulates the cross-group link for a job whose ranks are in ``groups``."""
+        if self.link_gbit is None or len(set(groups)) < 2:
+            return LinkEmulation()
+        return LinkEmulation("token_bucket", self.link_gbit)
 
     # -- provision ---------------------------------------------------------------------------------
 
@@ -156,6 +176,8 @@ class LocalBackend:
         world_size = len(request.placements)
         port = find_free_port()
         balancing, scores, caps = _balancing(request)
+        groups = vendor_groups(request.placements)
+        link = self.link_for(groups)
         micro: tuple[int, ...] = ()
         entries = []
         for placement in sorted(request.placements, key=lambda p: p.rank):
@@ -177,6 +199,9 @@ class LocalBackend:
                 balancing=balancing,
                 scores=scores,
                 caps=caps,
+                comm=request.comm,
+                vendor_groups=groups,
+                link=link,
             )
             micro = micro or initial_split(worker).per_rank()
             config = {**worker.to_dict(), "micro_batches": list(micro)}
@@ -198,6 +223,8 @@ class LocalBackend:
                 "python": self.python,
                 "sample_time_ms": self.sample_time_ms,
                 "grace_s": self.grace_s,
+                "vendor_groups": list(groups),
+                "link": link.to_json(),
                 "ranks": entries,
             },
         )
