@@ -25,6 +25,18 @@ def env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def env_optional_float(name: str) -> float | str | None:
+    """A number from the environment, None when unset or empty. A value that is not a number is kept
+    as written, so that a system check (jobs/checks.py) names it and the fix, instead of a traceback."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
 def _local_secret_key(path: Path) -> str:
     """A random key made once per var/ folder and kept there (mode 0600), shared by every process
     of this installation; production sets DJANGO_SECRET_KEY instead. Never a key known in advance:
@@ -199,6 +211,12 @@ POLYCHIP_PUBLIC_URL = os.environ.get("POLYCHIP_PUBLIC_URL", "http://127.0.0.1:80
 POLYCHIP_HEARTBEAT_TIMEOUT_S = float(os.environ.get("POLYCHIP_HEARTBEAT_TIMEOUT_S", "60"))
 # The local backend pads each emulated step to samples * this / relative_speed milliseconds.
 POLYCHIP_LOCAL_SAMPLE_TIME_MS = float(os.environ.get("POLYCHIP_LOCAL_SAMPLE_TIME_MS", "0.5"))
+# The local backend slows the link between a job's vendor groups to this many Gbit/s, so that what
+# gradient compression saves shows on one host (loopback is too fast for it to pay); unset: no
+# throttling. Shaping: netns (tc in network namespaces; needs root), token_bucket (the ranks' own
+# transport waits) or auto (netns where the machine allows it, else the token bucket).
+POLYCHIP_LOCAL_LINK_GBIT = env_optional_float("POLYCHIP_LOCAL_LINK_GBIT")
+POLYCHIP_LOCAL_LINK_SHAPING = os.environ.get("POLYCHIP_LOCAL_LINK_SHAPING", "auto").strip()
 # Quotas in NAU count throughput in units of one device of this flavor (the slowest flavor when
 # the pool lacks it).
 POLYCHIP_NAU_REFERENCE = os.environ.get("POLYCHIP_NAU_REFERENCE", "a100-sxm")

@@ -47,6 +47,8 @@ class JobView:
     preemptions: int = 0
     # How the global batch is split: {mode, efficiency, split, rebalances, ...}; see services.balance_view.
     balance: dict[str, Any] | None = None
+    # How gradients travel: {requested, policy, reason, groups, link, per_step, ...}; see services.comm_view.
+    comm: dict[str, Any] | None = None
 
     @property
     def progress(self) -> float:

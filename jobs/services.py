@@ -41,7 +41,7 @@ from jobs.models import (
 from jobs.telemetry import TelemetryEvent
 from runtime.backends.base import LaunchRequest, Phase, RankPlacement
 from runtime.inventory import Fabric, Pool, make_topology, rack_fat_tree
-from runtime.jobspec import JobSpec, parse_balancing, parse_comm, parse_workload
+from runtime.jobspec import JobSpec, SpecError, parse_balancing, parse_comm, parse_workload
 from runtime.scheduling import QuotaLedger
 from runtime.scheduling.model import MILLI, NAU
 
@@ -135,6 +135,7 @@ def to_view(job: TrainingJob, *, position: int | None = None) -> JobView:
         attempt=job.attempt,
         preemptions=job.preemptions,
         balance=balance_view(job),
+        comm=comm_view(job),
     )
 
 
@@ -156,6 +157,56 @@ def balance_view(job: TrainingJob) -> dict[str, Any]:
         "rebalances": stored.get("rebalances", 0),
         "last_rebalance": stored.get("last_rebalance"),
         "stragglers": sorted({rank for rank, _ in stored.get("stragglers", [])}),
+    }
+
+
+def comm_view(job: TrainingJob) -> dict[str, Any]:
+    """The job's communication as the API and portal show it: the spec's requested policy and, once
+    rank 0 reported, the policy that ran with its reason (why auto chose it), the vendor groups, the
+    link emulation, and per-step figures: the latest step's while the job runs, the run's averages
+    (``comm_summary``) once it has ended."""
+    stored = job.rank_stats.get(COMM_KEY) or {}
+    raw = job.spec.get("comm") if isinstance(job.spec, dict) else None
+    requested: dict[str, Any] | None
+    try:
+        requested = parse_comm(raw).to_json()
+    except SpecError:  # a spec stored before comm was checked the way it is now
+        requested = raw if isinstance(raw, dict) else None
+    ran = stored.get("ran") or {}
+    last, summary = stored.get("last_step"), stored.get("summary")
+    per_step: dict[str, Any] | None = None
+    if summary:
+        per_step = {
+            "source": "run",
+            "steps": summary.get("steps"),
+            "bytes_cross": summary.get("bytes_cross_per_step"),
+            "bytes_intra": summary.get("bytes_intra_per_step"),
+            "collective_s": summary.get("collective_s_per_step"),
+            "exposed_s": summary.get("exposed_s_per_step"),
+            "hidden_share": summary.get("hidden_share"),
+        }
+    elif last:
+        per_step = {
+            "source": "step",
+            "step": last.get("step"),
+            "bytes_cross": last.get("comm_bytes_cross"),
+            "bytes_intra": last.get("comm_bytes_intra"),
+            "collective_s": last.get("collective_s"),
+            "exposed_s": last.get("exposed_s"),
+            "hidden_share": last.get("hidden_share"),
+        }
+    return {
+        "requested": requested,
+        "policy": ran.get("policy") or None,
+        "compression": ran.get("compression") or None,
+        "reason": ran.get("reason") or None,
+        "hierarchical": ran.get("hierarchical"),
+        "groups": ran.get("groups"),
+        "buckets": ran.get("buckets"),
+        "overlap": ran.get("overlap"),
+        "link": ran.get("link"),
+        "link_gbit_measured": ran.get("link_gbit_measured"),
+        "per_step": per_step,
     }
 
 
@@ -777,6 +828,9 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
                 if event.rank == 0 and (event.split is not None or event.global_samples_per_s is not None):
                     _fold_balance(job, event)
                     fields.add("rank_stats")
+                if event.rank == 0 and event.comm is not None:
+                    _fold_comm_step(job, event)
+                    fields.add("rank_stats")
                 # Rank 0 speaks for the job: every rank reports the same global loss.
                 if event.rank == 0 and event.step > job.steps_done and event.loss is not None:
                     job.steps_done = event.step
@@ -786,6 +840,12 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
                     job.last_loss = event.loss
                     losses.append(round(event.loss, 6))
                     fields |= {"steps_done", "total_steps", "first_loss", "last_loss", "recent_losses"}
+            elif event.kind in ("comm", "comm_summary") and event.rank == 0 and event.comm is not None:
+                # Rank 0 speaks for the job's exchange, as for its balance: the other ranks' own
+                # figures (a group member sends nothing across groups) would overwrite its view.
+                comm = job.rank_stats.setdefault(COMM_KEY, {})
+                comm["ran" if event.kind == "comm" else "summary"] = event.comm
+                fields.add("rank_stats")
             elif event.kind == "finished" and event.rank == 0 and event.artifact:
                 job.artifact_path = event.artifact
                 fields.add("artifact_path")
@@ -845,11 +905,12 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
 
 
 BALANCE_KEY = "balance"
+COMM_KEY = "comm"
 
 
 def rank_entries(rank_stats: dict[str, Any]) -> dict[str, Any]:
     """The per-rank entries of a job's rank_stats (keyed by the rank as a string), without the
-    job-wide ``balance`` entry."""
+    job-wide ``balance`` and ``comm`` entries."""
     return {key: value for key, value in rank_stats.items() if key.isdigit()}
 
 
@@ -868,6 +929,16 @@ def _fold_balance(job: TrainingJob, event: TelemetryEvent) -> None:
         balance["efficiency"] = round(event.efficiency, 4)
     if event.global_samples_per_s is not None:
         balance["samples_per_s"] = round(event.global_samples_per_s, 3)
+
+
+def _fold_comm_step(job: TrainingJob, event: TelemetryEvent) -> None:
+    """Rank 0's step event carries that step's exchange: bytes inside and across vendor groups, the
+    collective's time, the part of it the backward pass did not hide, and the hidden share."""
+    assert event.step is not None and event.comm is not None
+    comm = job.rank_stats.setdefault(COMM_KEY, {})
+    if event.step < (comm.get("last_step") or {}).get("step", 0):
+        return
+    comm["last_step"] = {"step": event.step, **event.comm}
 
 
 def _record_straggler(job: TrainingJob, event: TelemetryEvent) -> None:

@@ -13,7 +13,9 @@ from typing import Any
 
 from runtime.errors import FieldError
 
-KNOWN_KINDS = frozenset({"started", "heartbeat", "step", "finished", "failed", "rebalanced", "straggler"})
+KNOWN_KINDS = frozenset(
+    {"started", "heartbeat", "step", "finished", "failed", "rebalanced", "straggler", "comm", "comm_summary"}
+)
 
 
 class InvalidTelemetry(FieldError):
@@ -47,6 +49,10 @@ class TelemetryEvent:
     straggler_rank: int | None = None
     measured_samples_per_s: float | None = None
     expected_samples_per_s: float | None = None
+    # Communication (``runtime.comm``), checked by ``_comm``: a "comm" event's policy that ran and why,
+    # its vendor groups and link; a step event's bytes and collective times; a "comm_summary" event's
+    # per-step averages over the run. None when the event carries none of it.
+    comm: dict[str, Any] | None = None
 
 
 def _number(event: dict[str, Any], key: str, where: str, *, whole: bool = False) -> Any:
@@ -96,6 +102,75 @@ def _numbers(event: dict[str, Any], key: str, where: str) -> tuple[float, ...] |
     return tuple(_number({key: v}, key, where) for v in value)
 
 
+def _flag(event: dict[str, Any], key: str, where: str) -> bool | None:
+    value = event.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidTelemetry(f"{where}.{key}", "must be true or false")
+    return value
+
+
+def _groups(event: dict[str, Any], key: str, where: str) -> list[list[int]] | None:
+    value = event.get(key)
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_RANKS
+        or not all(
+            isinstance(group, list)
+            and len(group) <= MAX_RANKS
+            and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in group)
+            for group in value
+        )
+    ):
+        raise InvalidTelemetry(f"{where}.{key}", "must be a list of groups, each a list of ranks (>= 0)")
+    return [list(group) for group in value]
+
+
+def _link(event: dict[str, Any], key: str, where: str) -> dict[str, Any] | None:
+    value = event.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidTelemetry(f"{where}.{key}", 'must be an object such as {"mode": "token_bucket", "gbit": 1.0}')
+    return {"mode": str(value.get("mode", "none"))[:20], "gbit": _number(value, "gbit", f"{where}.{key}")}
+
+
+# What each kind may carry about communication, and how each field is checked.
+_COMM_STEP = ("comm_bytes_intra", "comm_bytes_cross", "collective_s", "exposed_s", "hidden_share")
+_COMM_SUMMARY = (
+    "bytes_intra_per_step",
+    "bytes_cross_per_step",
+    "collective_s_per_step",
+    "exposed_s_per_step",
+    "hidden_share",
+)
+
+
+def _comm(event: dict[str, Any], kind: str, where: str) -> dict[str, Any] | None:
+    if kind == "comm":
+        return {
+            "policy": str(event.get("policy", ""))[:120],
+            "compression": str(event.get("compression", ""))[:20],
+            "reason": str(event.get("reason", ""))[:600],
+            "hierarchical": _flag(event, "hierarchical", where),
+            "groups": _groups(event, "groups", where),
+            "buckets": _number(event, "buckets", where, whole=True),
+            "overlap": _flag(event, "overlap", where),
+            "link": _link(event, "link", where),
+            "link_gbit_measured": _number(event, "link_gbit_measured", where),
+        }
+    if kind == "step":
+        figures = {key: _number(event, key, where, whole=key.startswith("comm_bytes")) for key in _COMM_STEP}
+        return figures if any(v is not None for v in figures.values()) else None
+    if kind == "comm_summary":
+        return {
+            "steps": _number(event, "steps", where, whole=True),
+            **{key: _number(event, key, where) for key in _COMM_SUMMARY},
+        }
+    return None
+
+
 def parse_events(raw: Any) -> list[TelemetryEvent]:
     if not isinstance(raw, list):
         raise InvalidTelemetry("events", 'send {"events": [{...}, ...]}')
@@ -138,6 +213,7 @@ def parse_events(raw: Any) -> list[TelemetryEvent]:
                 straggler_rank=_number(event, "straggler_rank", where, whole=True),
                 measured_samples_per_s=_number(event, "measured_samples_per_s", where),
                 expected_samples_per_s=_number(event, "expected_samples_per_s", where),
+                comm=_comm(event, kind, where),
             )
         )
     return events

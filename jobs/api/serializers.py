@@ -58,6 +58,7 @@ def job_json(job: JobView) -> dict[str, Any]:
         ],
         "ranks": _ranks(job),
         "balance": job.balance,
+        "comm": job.comm,
         "artifact": job.artifact_path or None,
     }
 

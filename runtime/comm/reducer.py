@@ -124,13 +124,14 @@ class _Bucket:
 
     def flat_grad(self) -> torch.Tensor:
         parts = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in self.params]
-        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        # One parameter: its gradient itself (the exchange never writes into its input).
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def write_back(self, flat: torch.Tensor) -> None:
         offset = 0
         for p in self.params:
             n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
+            p.grad = flat[offset : offset + n].view_as(p)  # the exchange's result is a fresh tensor
             offset += n
 
 
@@ -254,7 +255,7 @@ class GradientReducer:
             return ring_allreduce(self.transport, members, flat, _CAST[compression])
         if compression == "topk":
             assert bucket.codec is not None
-            payload, _ = bucket.codec.compress(flat)
+            payload = bucket.codec.compress(flat)
             total = torch.zeros(bucket.numel)
             for received in ring_allgather(self.transport, members, payload):  # member order: same sums
                 values, indices = decode_sparse(received, bucket.numel)
@@ -300,6 +301,6 @@ class GradientReducer:
                 r = min(codec.rank, rows, m)
                 q = q_sum[q_offset : q_offset + m * r].view(m, r)
                 q_offset += m * r
-                out[offset : offset + n] = codec.finish(q, v.shape).reshape(-1)
+                codec.finish(q, v.shape, out=out[offset : offset + n].view(rows, m))
             offset += n
         return out

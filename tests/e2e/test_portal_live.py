@@ -32,7 +32,9 @@ def test_a_signed_in_user_sees_their_jobs_change_live(
 ):
     acme, globex, _ = tenants
     acme_api, globex_api = api_for(acme.token), api_for(globex.token)
-    existing = acme_api.post("/api/v1/jobs", {"name": "e2e-existing", **NEVER_FITS})
+    existing = acme_api.post(
+        "/api/v1/jobs", {"name": "e2e-existing", **NEVER_FITS, "comm": {"compression": "topk", "density": 0.01}}
+    )
     foreign = globex_api.post("/api/v1/jobs", {"name": "globex-secret", **NEVER_FITS})
     assert existing.status_code == foreign.status_code == 201, (existing.text, foreign.text)
     existing_id, foreign_id = existing.json()["id"], foreign.json()["id"]
@@ -51,6 +53,8 @@ def test_a_signed_in_user_sees_their_jobs_change_live(
         expect(page.locator('#quotas tr[data-resource="nau"]')).to_contain_text("0 / 1000 NAU")
         # A job that waits says where it stands in the queue.
         expect(row(page, existing_id)).to_contain_text("#1 in your queue")
+        # Its communication policy shows as asked for until rank 0 reports the one that runs.
+        expect(row(page, existing_id).get_by_test_id("comm")).to_have_text("comm topk requested")
 
         # From here on the page must change by itself: a reload or a navigation would lose the marker.
         page.evaluate("window.__marker = 1")

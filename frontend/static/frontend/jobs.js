@@ -34,6 +34,38 @@
     return `<div class="ranks">${lines.join("")}</div>`;
   }
 
+  // 1234567 -> "1.2 MB" (decimal units, as links are quoted).
+  function fmtBytes(n) {
+    if (typeof n !== "number") return "–";
+    const units = ["B", "KB", "MB", "GB"];
+    let i = 0;
+    while (n >= 1000 && i < units.length - 1) { n /= 1000; i += 1; }
+    return `${i ? n.toFixed(n < 10 ? 1 : 0) : Math.round(n)} ${units[i]}`;
+  }
+
+  // "comm topk (density 0.01) · cross-group 1.2 MB/step · collective 35 ms · 80% hidden", and auto's why.
+  function commLine(job) {
+    const c = job.comm;
+    if (!c) return "";
+    const asked = c.requested && c.requested.compression;
+    if (!c.policy) {
+      if (!asked || asked === "none" || !["queued", "admitted", "running"].includes(job.state)) return "";
+      return `<div class="comm" data-testid="comm">comm ${escapeHtml(asked)} requested</div>`;
+    }
+    const parts = [`comm ${escapeHtml(c.policy)}${asked === "auto" ? " (auto)" : ""}`];
+    const p = c.per_step;
+    if (p) {
+      const where = p.source === "run" ? " (run average)" : "";
+      parts.push(`cross-group ${fmtBytes(p.bytes_cross)}/step${where}`);
+      if (typeof p.collective_s === "number") parts.push(`collective ${(p.collective_s * 1000).toFixed(1)} ms`);
+      if (typeof p.hidden_share === "number") parts.push(`${Math.round(p.hidden_share * 100)}% hidden`);
+    }
+    if (c.link && c.link.mode && c.link.mode !== "none") parts.push(`link ${c.link.gbit} Gbit/s (${escapeHtml(c.link.mode)})`);
+    const why = asked === "auto" && c.reason ? `<div class="comm-reason">${escapeHtml(c.reason)}</div>` : "";
+    const title = c.groups ? ` title="vendor groups: ${escapeHtml(JSON.stringify(c.groups))}${c.hierarchical ? ", hierarchical" : ""}"` : "";
+    return `<div class="comm" data-testid="comm"${title}>${parts.join(" · ")}${why}</div>`;
+  }
+
   function render(job) {
     let row = tbody.querySelector(`tr[data-job="${job.id}"]`);
     if (!row) {
@@ -53,7 +85,7 @@
       <td>${escapeHtml(job.name)}</td>
       <td><span class="state ${job.state}" data-testid="state">${job.state}</span>
           ${reason ? `<div class="reason">${escapeHtml(reason)}</div>` : ""}</td>
-      <td><div class="chips">${deviceChips(job.devices)}${charge}</div>${rankLines(job)}</td>
+      <td><div class="chips">${deviceChips(job.devices)}${charge}</div>${rankLines(job)}${commLine(job)}</td>
       <td><span class="bar-outer"><span class="bar-inner" style="width:${pct}%"></span></span>
           <span class="num">${job.progress.steps_done}/${job.progress.total_steps}</span></td>
       <td class="num">${job.loss.first === null ? "–" : `${fmtLoss(job.loss.first)} → ${fmtLoss(job.loss.last)}`}</td>
