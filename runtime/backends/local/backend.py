@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import runtime
 from runtime.backends.base import LaunchRequest, Observation, Phase, RankState, vendor_groups
+from runtime.backends.local import netem
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
 from runtime.backends.local.procs import pid_alive, signal_group, signal_pid
 from runtime.backends.local.supervisor import LAUNCH_FILE, PID_FILE, STATUS_FILE, STOP_FILE
@@ -123,9 +124,25 @@ class LocalBackend:
 
     def link_for(self, groups: Sequence[int]) -> LinkEmulation:
         """How this backend emulates the cross-group link for a job whose ranks are in ``groups``."""
-        if self.link_gbit is None or len(set(groups)) < 2:
-            return LinkEmulation()
-        return LinkEmulation("token_bucket", self.link_gbit)
+        return self._link_choice(groups)[0]
+
+    def _link_choice(self, groups: Sequence[int]) -> tuple[LinkEmulation, str]:
+        """The link emulation and a one-line note of which one runs and why (launch.json's ``link_note``)."""
+        if self.link_gbit is None:
+            return LinkEmulation(), "none: link_gbit is not set"
+        if len(set(groups)) < 2:
+            return LinkEmulation(), "none: one vendor group, no cross-group link"
+        if self.link_shaping == "token_bucket":
+            return LinkEmulation("token_bucket", self.link_gbit), "token_bucket: link_shaping is token_bucket"
+        reason = netem.unavailable_reason()
+        if reason is None:
+            args = " ".join(netem.tbf_args(self.link_gbit))
+            return LinkEmulation("netns", self.link_gbit), f"netns: tc {args} on each vendor group's veth"
+        if self.link_shaping == "netns":
+            raise ValueError(
+                f"link_shaping: netns is unavailable on this host ({reason}); use link_shaping='auto' or 'token_bucket'"
+            )
+        return LinkEmulation("token_bucket", self.link_gbit), f"token_bucket: netns is unavailable ({reason})"
 
     # -- provision ---------------------------------------------------------------------------------
 
@@ -177,7 +194,16 @@ class LocalBackend:
         port = find_free_port()
         balancing, scores, caps = _balancing(request)
         groups = vendor_groups(request.placements)
-        link = self.link_for(groups)
+        link, link_note = self._link_choice(groups)
+        fabric: netem.FabricPlan | None = None
+        master_addr = "127.0.0.1"
+        if link.mode == "netns":
+            # Names from the run dir, not the job id alone: two runs dirs may hold the same job id.
+            fabric = netem.FabricPlan.for_job(
+                request.job_id, len(set(groups)), link.gbit, key=str(run_dir), in_use=netem.subnets_in_use()
+            )
+            # Rank 0 hosts the store inside its group's namespace, reachable at that group's address.
+            master_addr = fabric.address(groups[0])
         micro: tuple[int, ...] = ()
         entries = []
         for placement in sorted(request.placements, key=lambda p: p.rank):
@@ -186,7 +212,7 @@ class LocalBackend:
                 job_id=request.job_id,
                 rank=rank,
                 world_size=world_size,
-                master_addr="127.0.0.1",
+                master_addr=master_addr,
                 master_port=port,
                 flavor=placement.flavor,
                 device_id=placement.device_id,
@@ -225,6 +251,8 @@ class LocalBackend:
                 "grace_s": self.grace_s,
                 "vendor_groups": list(groups),
                 "link": link.to_json(),
+                "link_note": link_note,
+                **({"fabric": fabric.to_json()} if fabric is not None else {}),
                 "ranks": entries,
             },
         )

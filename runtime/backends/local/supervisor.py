@@ -14,6 +14,12 @@ leads its own process group, which ``teardown`` signals as a whole. It then:
    blame) and the tail of its stderr.
 
 SIGTERM, SIGINT or SIGHUP to the supervisor tears the ranks down the same way, status ``failed``.
+
+When launch.json's ``link`` mode is ``netns``, the supervisor first builds the job's link fabric
+(``runtime.backends.local.netem``: a network namespace per vendor group, shaped by ``tc``) from
+launch.json's ``fabric`` plan, starts each rank inside its group's namespace, relays the ranks'
+telemetry to 127.0.0.1 when the rank configs post there, and removes the fabric once the ranks are
+gone, however they went. A fabric that cannot be built fails the job before any rank starts.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from urllib.parse import urlsplit
 
+from runtime.backends.local import netem
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
 from runtime.backends.local.procs import die_with_parent, signal_pid
 from runtime.worker.cli import EXIT_BAD_CONFIG, EXIT_PEER_LOST
@@ -75,6 +83,13 @@ class Supervisor:
         self.stop_reason: str | None = None
         self.job_id = ""
         self.grace_s = DEFAULT_GRACE_S
+        # netns link emulation: the plan from launch.json, each rank's vendor group, the loopback
+        # ports the ranks post telemetry to; then the fabric and relays while the ranks run.
+        self.fabric_plan: netem.FabricPlan | None = None
+        self.rank_groups: dict[int, int] = {}
+        self.relay_ports: set[int] = set()
+        self.fabric: netem.Fabric | None = None
+        self.relays: list[netem.LoopbackRelay] = []
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stop_reason is None:
@@ -124,7 +139,61 @@ class Supervisor:
                 self.ranks.append(_Rank(rank, argv, self.run_dir / f"rank{rank}.out", self.run_dir / f"rank{rank}.err"))
         except (KeyError, TypeError, ValueError) as exc:
             return f"{self.run_dir / LAUNCH_FILE}: bad entry ({exc!r})"
+        link = launch.get("link")
+        if isinstance(link, dict) and link.get("mode") == "netns":
+            return self._load_fabric(launch)
         return None
+
+    def _load_fabric(self, launch: dict[str, object]) -> str | None:
+        try:
+            self.fabric_plan = netem.FabricPlan.from_json(launch.get("fabric"))
+            groups = launch["vendor_groups"]
+            if not isinstance(groups, list):
+                raise TypeError("vendor_groups is not a list")
+            self.rank_groups = {r.rank: int(groups[r.rank]) for r in self.ranks}
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            return f"{self.run_dir / LAUNCH_FILE}: link mode netns without a usable fabric plan ({exc})"
+        if any(not 0 <= g < len(self.fabric_plan.groups) for g in self.rank_groups.values()):
+            return f"{self.run_dir / LAUNCH_FILE}: vendor_groups name a group the fabric plan lacks"
+        entries = launch["ranks"]
+        assert isinstance(entries, list)
+        for entry in entries:
+            config = read_json(Path(str(entry["config"])))
+            url = config.get("telemetry_url") if isinstance(config, dict) else None
+            if not isinstance(url, str) or not url:
+                continue
+            parts = urlsplit(url)
+            # Inside a namespace 127.0.0.1 is the namespace's own loopback: relay it to the root's.
+            if parts.hostname in ("127.0.0.1", "localhost"):
+                try:
+                    port = parts.port
+                except ValueError:
+                    continue  # the rank reports the bad URL itself
+                self.relay_ports.add(port or (443 if parts.scheme == "https" else 80))
+        return None
+
+    def setup_link(self) -> str | None:
+        """Build the fabric and the telemetry relays (netns mode only); an error message on failure."""
+        plan = self.fabric_plan
+        if plan is None:
+            return None
+        netem.cleanup_stale()  # fabrics left by supervisors that were killed outright
+        try:
+            self.fabric = netem.Fabric.create(plan, owner_arg=str(self.run_dir))
+            for group in sorted(set(self.rank_groups.values())):
+                for port in sorted(self.relay_ports):
+                    self.relays.append(netem.LoopbackRelay(plan.namespace(group), port).start())
+        except netem.FabricError as exc:
+            return f"could not set up the emulated link (link_shaping netns): {exc}"
+        return None
+
+    def teardown_link(self) -> None:
+        for relay in self.relays:
+            relay.stop()
+        self.relays = []
+        if self.fabric is not None:
+            self.fabric.destroy()
+            self.fabric = None
 
     def spawn(self) -> None:
         env = dict(os.environ)
@@ -135,11 +204,15 @@ class Supervisor:
             # All ranks talk over loopback; without this gloo resolves the hostname, which fails in
             # some containers.
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if self.fabric is not None:
+            # Gloo binds the group's veth address; peers in the same namespace reach it over loopback.
+            env["GLOO_SOCKET_IFNAME"] = self.fabric.plan.ifname
         me = os.getpid()
         for r in self.ranks:
+            argv = self.fabric.wrap(r.argv, self.rank_groups[r.rank]) if self.fabric is not None else r.argv
             with open(r.stdout, "ab") as out, open(r.stderr, "ab") as err:
                 r.proc = subprocess.Popen(
-                    r.argv,
+                    argv,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
@@ -202,6 +275,9 @@ class Supervisor:
             if changed:
                 self.write_status("running", self._failure_reason())
             time.sleep(POLL_S)
+        # Before the final status: whoever sees it may tear the job down at once, and then the
+        # fabric must already be gone, not half-way through its removal.
+        self.teardown_link()
         if self.stop_reason is not None:
             cause = self._failure_reason()
             self.write_status("failed", f"{self.stop_reason}; {cause}" if cause else self.stop_reason)
@@ -230,16 +306,27 @@ class Supervisor:
             self.write_status("failed", self.stop_reason)
             return 0
         try:
-            self.spawn()
-        except OSError as exc:
-            for r in self._alive():
-                assert r.proc is not None
-                signal_pid(r.proc.pid, signal.SIGKILL)
-                r.exit_code = r.proc.wait()
-            self.write_status("failed", f"could not start the rank processes: {exc}")
-            return 1
-        self.supervise()
-        return 0
+            error = self.setup_link()
+            if error is not None or self.stop_reason is not None:
+                self.teardown_link()
+                # A teardown during the set-up may be what broke it (its SIGTERM reaches our `ip` too).
+                self.write_status("failed", self.stop_reason or error or "")
+                return 0 if self.stop_reason is not None else 1
+            try:
+                self.spawn()
+            except OSError as exc:
+                for r in self._alive():
+                    assert r.proc is not None
+                    signal_pid(r.proc.pid, signal.SIGKILL)
+                    r.exit_code = r.proc.wait()
+                self.teardown_link()
+                self.write_status("failed", f"could not start the rank processes: {exc}")
+                return 1
+            self.supervise()
+            return 0
+        finally:
+            # Done already on every path that ends in a final status; this is for a crash.
+            self.teardown_link()
 
 
 def _daemonize() -> None:
