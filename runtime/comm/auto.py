@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AutoChoice", "DEFAULT_BUDGET_S", "choose_policy", "ring_bytes"]
+__all__ = ["DEFAULT_BUDGET_S", "AutoChoice", "choose_policy", "ring_bytes"]
 
 DEFAULT_BUDGET_S = 0.010
 MIN_DENSITY = 0.01

@@ -119,7 +119,7 @@ def _decode_indices(buf: np.ndarray, k: int, numel: int, kind: int) -> np.ndarra
             continue
         values[p] = words[p + 1] | (words[p + 2] << 16)
         keep[p + 1 : p + 3] = False
-        skip_until = p + 2
+        skip_until = int(p) + 2
     gaps = values[keep]
     if len(gaps) != k:
         raise ValueError(f"corrupt sparse payload: {len(gaps)} indices decoded, header says {k}")

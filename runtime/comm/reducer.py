@@ -147,7 +147,9 @@ class GradientReducer:
         self.is_leader = self.group[0] == self.rank
         params = list(params)
         bucket_bytes = max(1, int(plan.bucket_mb * 2**20))
-        self.buckets = [_Bucket([params[i] for i in idx]) for idx in plan_buckets([p.numel() for p in params], bucket_bytes)]
+        self.buckets = [
+            _Bucket([params[i] for i in idx]) for idx in plan_buckets([p.numel() for p in params], bucket_bytes)
+        ]
         if plan.compression == "topk":
             for bucket in self.buckets:
                 bucket.codec = TopKCodec(plan.density, warmup_steps=plan.warmup_steps)
@@ -202,9 +204,9 @@ class GradientReducer:
         """After the compute (and the step hooks): wait for every bucket; the gradients are then the
         sums over all ranks. Returns the step's figures."""
         waited_from = time.monotonic()
+        for bucket in self.buckets:  # a rank without samples, or a parameter the loss did not reach
+            bucket.ready.set()
         if self.plan.overlap:
-            for bucket in self.buckets:  # a rank without samples, or a parameter the loss did not reach
-                bucket.ready.set()
             self._done.wait()
             assert self._thread is not None
             self._thread.join()

@@ -78,10 +78,10 @@ def open_exchange(
     *,
     rank: int,
     vendor_groups: Sequence[int],
-    link: LinkEmulation = LinkEmulation(),
+    link: LinkEmulation | None = None,
     seed: int = 0,
 ) -> Exchange:
-    throttle = LinkThrottle(link.gbit * 1e9) if link.mode == "token_bucket" else None
+    throttle = LinkThrottle(link.gbit * 1e9) if link is not None and link.mode == "token_bucket" else None
     transport = Transport(rank, vendor_groups, throttle)
     layout = Layout.of(vendor_groups, spec.hierarchical)
     compression, density, lowrank_rank = spec.compression, spec.density, spec.rank

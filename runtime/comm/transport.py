@@ -104,7 +104,7 @@ class Transport:
         into: torch.Tensor | None,
     ) -> None:
         """Send ``payload`` to ``send_to`` while receiving ``into`` from ``recv_from`` (either may be None)."""
-        pending = []
+        pending: list[dist.Work | None] = []
         if recv_from is not None and into is not None:
             pending.append(dist.irecv(into, src=recv_from))
         if send_to is not None and payload is not None:
@@ -118,7 +118,8 @@ class Transport:
             self.counters.messages += 1
             pending.append(dist.isend(payload.contiguous(), dst=send_to))
         for work in pending:
-            work.wait()
+            if work is not None:  # None: this rank is not in the group (never so for the default group)
+                work.wait()
 
     def send(self, dst: int, payload: torch.Tensor) -> None:
         self.exchange(dst, payload, None, None)
