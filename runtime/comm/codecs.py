@@ -160,6 +160,7 @@ class TopKCodec:
         self.step = 0
         self.residual: torch.Tensor | None = None
         self._generator = torch.Generator().manual_seed(0x70F)
+        self._magnitudes = torch.empty(0)  # reused: a fresh tensor of millions of entries costs page faults
 
     def density_at(self, step: int) -> float:
         """Dense at step 0, falling geometrically to ``density`` over the warm-up (DGC's schedule)."""
@@ -181,7 +182,9 @@ class TopKCodec:
         density = self.density_at(self.step)
         self.step += 1
         k = max(1, math.ceil(density * flat.numel()))
-        indices = self._top_indices(accumulated.abs(), k)
+        if self._magnitudes.numel() != accumulated.numel():
+            self._magnitudes = torch.empty_like(accumulated)
+        indices = self._top_indices(torch.abs(accumulated, out=self._magnitudes), k)
         values = accumulated[indices]
         payload = encode_sparse(values, indices, flat.numel())
         # Error feedback: what was not sent stays; of what was sent, fp16's rounding error stays too.
@@ -202,8 +205,8 @@ class TopKCodec:
             return torch.sort(indices).values
         sample = magnitudes[torch.randint(numel, (SAMPLE_SIZE,), generator=self._generator)]
         # A quantile somewhat below the target's keeps a margin against sampling error.
-        share = min(1.0, 1.5 * k / numel)
-        threshold = torch.quantile(sample, 1.0 - share).item()
+        keep = max(1, math.ceil(1.5 * k / numel * SAMPLE_SIZE))
+        threshold = torch.kthvalue(sample, SAMPLE_SIZE - keep + 1).values.item()  # the keep-th largest
         for _ in range(8):
             candidates = torch.nonzero(magnitudes >= threshold).flatten()
             if candidates.numel() >= k:

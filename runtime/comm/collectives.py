@@ -5,10 +5,10 @@ rank) and gives every member the same result, bit for bit: each reduced value is
 one rank in a fixed order, and then copied.
 
 - ``ring_allreduce``: reduce-scatter then all-gather around the ring, ``2 (L - 1) / L`` of the tensor
-  sent per rank. Chunks travel in ``wire_dtype`` and are summed in fp32, so fp16 and bf16 traffic
+  sent per rank; with two members, or a small tensor, directly in one round trip instead. Chunks travel in ``wire_dtype`` and are summed in fp32, so fp16 and bf16 traffic
   work on any backend.
-- ``ring_allgather``: every member's byte buffer (any length) to every member, ``L - 1`` buffers sent
-  per rank; each buffer travels behind its 8-byte length.
+- ``allgather_bytes``: every member's byte buffer (any length) to every member, ``L - 1`` copies sent
+  per rank, directly; each buffer travels behind its 8-byte length.
 - ``reduce_to_leader`` / ``broadcast_from_leader``: the two intra-group stages of a hierarchical
   reduction, fp32.
 """
@@ -21,7 +21,12 @@ import torch
 
 from runtime.comm.transport import Transport
 
-__all__ = ["broadcast_from_leader", "reduce_to_leader", "ring_allgather", "ring_allreduce"]
+__all__ = ["DIRECT_MAX_BYTES", "allgather_bytes", "broadcast_from_leader", "reduce_to_leader", "ring_allreduce"]
+
+# Tensors up to this size are all-reduced directly (one round trip, L - 1 copies sent) rather than
+# around the ring (2 (L - 1) round trips, 2 (L - 1) / L of the tensor sent): for small tensors the
+# round trips, each waiting for a peer to be scheduled, cost more than the bytes.
+DIRECT_MAX_BYTES = 256 * 1024
 
 
 def ring_allreduce(
@@ -29,9 +34,11 @@ def ring_allreduce(
 ) -> torch.Tensor:
     """The SUM of ``tensor`` (fp32, 1-D) over ``members``; returns a new tensor."""
     count = len(members)
-    result = tensor.detach().to(torch.float32).clone()
     if count == 1:
-        return result
+        return tensor.detach().to(torch.float32).clone()
+    if count == 2 or tensor.numel() * _itemsize(wire_dtype) <= DIRECT_MAX_BYTES:
+        return _direct_allreduce(transport, members, tensor, wire_dtype)
+    result = tensor.detach().to(torch.float32).clone()
     me = members.index(transport.rank)
     nxt, prev = members[(me + 1) % count], members[(me - 1) % count]
     chunks = list(torch.tensor_split(result, count))
@@ -55,23 +62,40 @@ def ring_allreduce(
     return result
 
 
-def ring_allgather(transport: Transport, members: Sequence[int], payload: torch.Tensor) -> list[torch.Tensor]:
-    """Every member's ``payload`` (uint8, 1-D, any length), in ``members`` order."""
-    count = len(members)
-    gathered: list[torch.Tensor | None] = [None] * count
-    me = members.index(transport.rank)
-    gathered[me] = payload
-    nxt, prev = members[(me + 1) % count], members[(me - 1) % count]
-    for step in range(count - 1):
-        out = gathered[(me - step) % count]
-        assert out is not None
-        in_index = (me - step - 1) % count
-        size = torch.empty(1, dtype=torch.int64)
-        transport.exchange(nxt, torch.tensor([out.numel()], dtype=torch.int64), prev, size)
-        incoming = torch.empty(int(size.item()), dtype=torch.uint8)
-        transport.exchange(nxt, out, prev, incoming)
-        gathered[in_index] = incoming
-    return [g for g in gathered if g is not None]
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def _direct_allreduce(
+    transport: Transport, members: Sequence[int], tensor: torch.Tensor, wire_dtype: torch.dtype
+) -> torch.Tensor:
+    """Each member sends its whole tensor to every other in one round trip; every member sums all of
+    them in ``members`` order, so every member gets the same bits."""
+    me = transport.rank
+    mine = tensor.detach().reshape(-1).to(wire_dtype)
+    others = [m for m in members if m != me]
+    received = {m: torch.empty(mine.numel(), dtype=wire_dtype) for m in others}
+    transport.exchange_many([(m, mine) for m in others], list(received.items()))
+    total = torch.zeros(mine.numel(), dtype=torch.float32)
+    for m in members:
+        total += (mine if m == me else received[m]).to(torch.float32)
+    return total
+
+
+def allgather_bytes(transport: Transport, members: Sequence[int], payload: torch.Tensor) -> list[torch.Tensor]:
+    """Every member's ``payload`` (uint8, 1-D, any length), in ``members`` order.
+
+    Direct: each member sends its payload to every other at once (``L - 1`` copies, as many bytes as a
+    ring all-gather sends), behind its 8-byte length. Two round trips whatever the number of members,
+    where a ring takes ``2 (L - 1)``: on a busy host each round trip waits for a process to be scheduled."""
+    me = transport.rank
+    others = [m for m in members if m != me]
+    sizes = {m: torch.empty(1, dtype=torch.int64) for m in others}
+    own_size = torch.tensor([payload.numel()], dtype=torch.int64)
+    transport.exchange_many([(m, own_size) for m in others], list(sizes.items()))
+    received = {m: torch.empty(int(sizes[m].item()), dtype=torch.uint8) for m in others}
+    transport.exchange_many([(m, payload) for m in others], list(received.items()))
+    return [payload if m == me else received[m] for m in members]
 
 
 def reduce_to_leader(transport: Transport, members: Sequence[int], tensor: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from runtime.comm.codecs import PowerSGDCodec, TopKCodec, decode_sparse
-from runtime.comm.collectives import broadcast_from_leader, reduce_to_leader, ring_allgather, ring_allreduce
+from runtime.comm.collectives import allgather_bytes, broadcast_from_leader, reduce_to_leader, ring_allreduce
 from runtime.comm.transport import Transport
 
 __all__ = ["CommPlan", "GradientReducer", "Layout", "StepComm", "plan_buckets"]
@@ -114,24 +114,34 @@ class StepComm:
 
 
 class _Bucket:
+    """Parameters whose gradients travel together. Their ``.grad`` are views into one flat buffer (as
+    DDP's ``gradient_as_bucket_view``), so the backward pass accumulates straight into what is sent:
+    no copy of millions of entries before each exchange."""
+
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = params
         self.numel = sum(p.numel() for p in params)
+        self.grads = torch.zeros(self.numel)
+        self.sums = torch.zeros(0)  # the sparse policies' result, reused from step to step
         self.ready = threading.Event()
         self.pending = len(params)
         self.codec: TopKCodec | None = None
         self.power: list[PowerSGDCodec | None] = []
 
-    def flat_grad(self) -> torch.Tensor:
-        parts = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in self.params]
-        # One parameter: its gradient itself (the exchange never writes into its input).
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+    def attach(self) -> None:
+        """Zero the buffer and point every parameter's ``.grad`` into it (before the backward pass)."""
+        self.grads.zero_()
+        self._point(self.grads)
 
     def write_back(self, flat: torch.Tensor) -> None:
+        """The exchanged sums become the parameters' gradients, for the optimizer."""
+        self._point(flat)
+
+    def _point(self, flat: torch.Tensor) -> None:
         offset = 0
         for p in self.params:
             n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p)  # the exchange's result is a fresh tensor
+            p.grad = flat[offset : offset + n].view_as(p)
             offset += n
 
 
@@ -179,6 +189,7 @@ class GradientReducer:
         for bucket in self.buckets:
             bucket.ready.clear()
             bucket.pending = len(bucket.params)
+            bucket.attach()
         self._armed = False
         self._stats = StepComm()
         self._error = None
@@ -228,7 +239,7 @@ class GradientReducer:
             for bucket in self.buckets:  # the same order on every rank
                 bucket.ready.wait()
                 started = time.monotonic()
-                bucket.write_back(self._reduce(bucket, bucket.flat_grad()))
+                bucket.write_back(self._reduce(bucket, bucket.grads))
                 self._stats.collective_s += time.monotonic() - started
                 self._stats.buckets += 1
         except BaseException as exc:  # surfaced on the main thread by finish()
@@ -258,8 +269,10 @@ class GradientReducer:
         if compression == "topk":
             assert bucket.codec is not None
             payload = bucket.codec.compress(flat)
-            total = torch.zeros(bucket.numel)
-            for received in ring_allgather(self.transport, members, payload):  # member order: same sums
+            if bucket.sums.numel() != bucket.numel:
+                bucket.sums = torch.zeros(bucket.numel)
+            total = bucket.sums.zero_()  # the optimizer is done with last step's sums
+            for received in allgather_bytes(self.transport, members, payload):  # member order: same sums
                 values, indices = decode_sparse(received, bucket.numel)
                 total.index_add_(0, indices, values)
             return total

@@ -104,19 +104,27 @@ class Transport:
         into: torch.Tensor | None,
     ) -> None:
         """Send ``payload`` to ``send_to`` while receiving ``into`` from ``recv_from`` (either may be None)."""
-        pending: list[dist.Work | None] = []
-        if recv_from is not None and into is not None:
-            pending.append(dist.irecv(into, src=recv_from))
-        if send_to is not None and payload is not None:
+        sends = [(send_to, payload)] if send_to is not None and payload is not None else []
+        receives = [(recv_from, into)] if recv_from is not None and into is not None else []
+        self.exchange_many(sends, receives)
+
+    def exchange_many(
+        self, sends: Sequence[tuple[int, torch.Tensor]], receives: Sequence[tuple[int, torch.Tensor]]
+    ) -> None:
+        """All these sends and receives at once, in one round trip; returns when all are done."""
+        pending: list[dist.Work | None] = [dist.irecv(into, src=src) for src, into in receives]
+        keep = []
+        for dst, payload in sends:
             nbytes = payload.numel() * payload.element_size()
-            if self.crosses(send_to):
+            if self.crosses(dst):
                 self.counters.cross_bytes += nbytes
                 if self.throttle is not None:
                     self.counters.throttled_s += self.throttle.consume(nbytes)
             else:
                 self.counters.intra_bytes += nbytes
             self.counters.messages += 1
-            pending.append(dist.isend(payload.contiguous(), dst=send_to))
+            keep.append(payload.contiguous())
+            pending.append(dist.isend(keep[-1], dst=dst))
         for work in pending:
             if work is not None:  # None: this rank is not in the group (never so for the default group)
                 work.wait()

@@ -193,9 +193,8 @@ def _train(config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Tele
         if config.fail_at_step == step:
             raise InjectedFailure(f"injected failure at step {step} (fail_at_step)")
         inputs, labels = dataset.global_batch_at(step - 1)
-        optimizer.zero_grad(set_to_none=True)
         before = transport.counters.snapshot()
-        exchange.reducer.begin_step()
+        exchange.reducer.begin_step()  # zeroes the gradient buckets that backward accumulates into
         loss_sum = torch.zeros(())
         slices = split.slices(config.rank)
         last_chunk = max((i for i, (lo, hi) in enumerate(slices) if hi > lo), default=-1)
