@@ -4,25 +4,30 @@
 
 Every run is a real job on the local backend: 3 ranks (one process each, gloo), each of a different
 vendor (three groups, so every byte of the gradient exchange crosses a group boundary), the
-synthetic-MLP workload with ``hidden`` 1024 (1,093,642 parameters, 4.4 MB of fp32 gradient). Each
-rank's step is padded by the backend's device emulation to ``samples x SAMPLE_TIME_MS`` (as an
-accelerator would take), so that compute has an accelerator's pace and the CPU of this 2-core host is
-left to the exchange. Policies: ``none``, ``fp16``, ``bf16``, ``topk10``, ``topk1``, ``powersgd4``,
-``auto``; each twice:
+synthetic-MLP workload, the spec's default buckets (25 MB) and overlap, real compute (no emulated
+padding). The cross-group link is shaped to 1 Gbit/s per group (``tc`` in network namespaces where the
+machine allows it, else the ranks' token bucket; ``link`` in the output says which ran). Policies:
+``none``, ``fp16``, ``bf16``, ``topk10``, ``topk1``, ``powersgd4``, ``auto``. Two job shapes:
 
-- throttled: the backend shapes every group's uplink to 1 Gbit/s (``tc`` in network namespaces where
-  the machine allows it, else the ranks' token bucket; the output says which ran);
-- unthrottled: loopback.
+- loss: ``hidden`` 1024 (1,093,642 parameters), a global batch of 96, 250 steps (60 with ``--quick``),
+  every policy at once (the loss does not depend on time). A batch this size keeps runs that differ
+  only in rounding on nearby paths: at a batch of 12 even fp32 against bf16 ended 25% apart in loss,
+  the noise of chaotic small-batch SGD rather than anything the policy gives up;
+- speed: ``hidden`` 2048 (4,284,426 parameters, 17 MB of fp32 gradient), a global batch of 12, 50
+  steps (18), one job at a time, with the link shaped and (``--quick``: ``none`` only) unshaped. On
+  this 2-core host the 3 ranks share 2 cores, so each policy's own CPU work (its compression, the
+  optimizer, the backward pass) sets a floor under its step; a small batch keeps the backward pass
+  from burying the link.
 
 Figures, per policy:
 
-- ``bytes_ratio``: bytes sent on the cross-group link per step, all ranks together, values, indices,
-  headers and the step's small loss/speed all-reduce included (counted by ``runtime.comm.transport``
-  from the buffers really sent), over ``none``'s; averaged over the steps after the top-k warm-up;
+- ``bytes_ratio``: bytes sent on the cross-group link per step, all ranks together (values, indices,
+  headers, scales and the step's small loss/speed all-reduce, counted by ``runtime.comm.transport``
+  from the buffers really sent), over ``none``'s; the steps after the top-k warm-up, speed shape;
 - ``step_s_throttled`` / ``step_s_unthrottled``: the median of rank 0's step times after the warm-up;
-- ``loss_gap``: (L_policy - L_none) / (L_initial - L_none), L the mean global loss of the last 10
-  steps (the same samples for every policy), from the throttled runs;
-- ``hidden_share``: the share of collective time that the backward pass and the device's compute hid.
+- ``loss_gap``: (L_policy - L_none) / (L_initial - L_none), L the mean global loss of the last 20
+  steps (the same samples for every policy), loss shape;
+- ``hidden_share``: the share of collective time that the backward pass hid.
 
 ``throttled_speedup_best``: ``none``'s throttled step time over the best policy's. The last line is
 one JSON object.
@@ -36,27 +41,33 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import os  # noqa: E402  (tuning only)
 
 from runtime.backends.base import LaunchRequest, Phase, RankPlacement  # noqa: E402
 from runtime.backends.local import LocalBackend  # noqa: E402
 from runtime.jobspec import WorkloadSpec, parse_comm  # noqa: E402
 from runtime.worker.config import synthetic_mlp_param_count  # noqa: E402
 
-HIDDEN = int(os.environ.get("HID", 1024))
-GLOBAL_BATCH = int(os.environ.get("GB", 48))
-SAMPLE_TIME_MS = float(
-    os.environ.get("STM", 1.0)
-)  # emulated compute per sample at relative speed 1.0: 16 ms a step per rank
+
+@dataclass(frozen=True)
+class Shape:
+    """A job shape: the model, the batch and the steps."""
+
+    name: str
+    hidden: int
+    global_batch: int
+    steps: int
+    warmup_steps: int  # top-k's density warm-up, and the steps left out of the timing
+
+
 LINK_GBIT = 1.0
-WARMUP_STEPS = 10  # top-k's density warm-up; the first steps also open connections
-LAST_STEPS = 10
+LAST_STEPS = 20  # the loss: the mean global loss over these last steps
 VENDORS = ("nvidia", "huawei", "google")
 POLICIES: dict[str, dict[str, Any]] = {
     "none": {"compression": "none"},
@@ -69,40 +80,54 @@ POLICIES: dict[str, dict[str, Any]] = {
 }
 
 
-def run_job(backend: LocalBackend, job: str, comm: dict[str, Any], steps: int) -> dict[str, Any]:
+def launch(backend: LocalBackend, job: str, comm: dict[str, Any], shape: Shape) -> dict[str, Any]:
     placements = tuple(
         RankPlacement(rank, f"{job}/{rank}", "bench", f"node-{rank}", vendor=vendor)
         for rank, vendor in enumerate(VENDORS)
     )
+    workload = WorkloadSpec(steps=shape.steps, global_batch=shape.global_batch, lr=0.05, seed=11, hidden=shape.hidden)
     request = LaunchRequest(
         job_id=job,
         placements=placements,
-        workload=WorkloadSpec(steps=steps, global_batch=GLOBAL_BATCH, lr=0.05, seed=11, hidden=HIDDEN),
+        workload=workload,
         telemetry_url=None,
         telemetry_token="",
         artifacts_dir=str(backend.runs_dir / job / "artifacts"),
         balancing="equal",
-        comm=parse_comm({**comm, "warmup_steps": WARMUP_STEPS, "bucket_mb": 1.0}),
+        comm=parse_comm({**comm, "warmup_steps": shape.warmup_steps}),
     )
-    handle = backend.provision(request)
-    deadline = time.monotonic() + 600
-    while (observation := backend.observe(handle)).phase not in (Phase.SUCCEEDED, Phase.FAILED, Phase.GONE):
+    return backend.provision(request)
+
+
+def wait(backend: LocalBackend, handles: dict[str, dict[str, Any]], timeout_s: float = 900) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = dict(handles)
+    while pending:
+        for job, handle in list(pending.items()):
+            observation = backend.observe(handle)
+            if observation.phase == Phase.SUCCEEDED:
+                del pending[job]
+            elif observation.phase in (Phase.FAILED, Phase.GONE):
+                raise RuntimeError(f"{job}: {observation.reason or observation.phase}")
         if time.monotonic() > deadline:
-            backend.teardown(handle)
-            raise TimeoutError(f"{job}: still running after 600 s")
+            for handle in pending.values():
+                backend.teardown(handle)
+            raise TimeoutError(f"still running after {timeout_s} s: {', '.join(pending)}")
         time.sleep(0.2)
-    if observation.phase != Phase.SUCCEEDED:
-        raise RuntimeError(f"{job}: {observation.reason or observation.phase}")
+
+
+def figures_of(backend: LocalBackend, job: str, shape: Shape) -> dict[str, Any]:
     run_dir = backend.runs_dir / job
     events = {
         rank: [json.loads(line) for line in (run_dir / f"telemetry.rank{rank}.jsonl").read_text().splitlines()]
         for rank in range(len(VENDORS))
     }
-    launch = json.loads((run_dir / "launch.json").read_text())
+    launch_file = json.loads((run_dir / "launch.json").read_text())
     steps_of = {rank: [e for e in rows if e["kind"] == "step"] for rank, rows in events.items()}
-    steady = [e for e in steps_of[0] if e["step"] > WARMUP_STEPS]
+    steady = [e for e in steps_of[0] if e["step"] > shape.warmup_steps]
+    # Every rank's bytes on the cross-group link in the same step, summed; averaged over the steady steps.
     cross = statistics.mean(
-        sum(e["comm_bytes_cross"] for e in (steps_of[r][i] for r in steps_of)) for i in range(WARMUP_STEPS, steps)
+        sum(steps_of[r][i]["comm_bytes_cross"] for r in steps_of) for i in range(shape.warmup_steps, shape.steps)
     )
     comm_event = next(e for e in events[0] if e["kind"] == "comm")
     losses = [e["loss"] for e in steps_of[0]]
@@ -114,70 +139,81 @@ def run_job(backend: LocalBackend, job: str, comm: dict[str, Any], steps: int) -
         "loss_final": statistics.mean(losses[-LAST_STEPS:]),
         "policy": comm_event["policy"],
         "reason": comm_event["reason"],
-        "link": launch.get("link_note") or launch.get("link", {}).get("mode", "none"),
+        "link": launch_file.get("link_note") or launch_file.get("link", {}).get("mode", "none"),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer steps (under a minute), the same figures")
+    parser.add_argument("--quick", action="store_true", help="fewer steps, the same figures")
     args = parser.parse_args(argv)
-    steps = 40 if args.quick else 150
-    params = synthetic_mlp_param_count(HIDDEN)
-    print(f"3 ranks, 3 vendor groups, {params:,} parameters, {steps} steps per run", file=sys.stderr)
-    results: dict[str, dict[str, dict[str, Any]]] = {"throttled": {}, "unthrottled": {}}
+    quick = args.quick
+    speed = Shape("speed", hidden=2048, global_batch=12, steps=18 if quick else 50, warmup_steps=8)
+    loss = Shape("loss", hidden=1024, global_batch=96, steps=60 if quick else 250, warmup_steps=20)
+    profiles = {"bench": {"relative_speed": 1.0}}
+    timing: dict[str, dict[str, dict[str, Any]]] = {"throttled": {}, "unthrottled": {}}
     with tempfile.TemporaryDirectory(prefix="polychip-comm-") as tmp:
-        profiles = {"bench": {"relative_speed": 1.0}}
-        backends = {
-            "throttled": LocalBackend(
-                Path(tmp) / "throttled",
-                profiles,
-                sample_time_ms=SAMPLE_TIME_MS,
-                telemetry_files=True,
-                link_gbit=LINK_GBIT,
-            ),
-            "unthrottled": LocalBackend(
-                Path(tmp) / "unthrottled", profiles, sample_time_ms=SAMPLE_TIME_MS, telemetry_files=True
-            ),
-        }
-        only = os.environ.get("ONLY")
+
+        def backend(name: str, link_gbit: float | None) -> LocalBackend:
+            return LocalBackend(
+                Path(tmp) / name, profiles, sample_time_ms=0.0, telemetry_files=True, link_gbit=link_gbit
+            )
+
+        # Loss: every policy at once (the loss does not depend on time), on the shaped link so that
+        # auto decides as it does below.
+        print(f"loss: {loss}, every policy at once", file=sys.stderr)
+        started = time.monotonic()
+        losses_backend = backend("loss", LINK_GBIT)
+        handles = {name: launch(losses_backend, f"loss-{name}", comm, loss) for name, comm in POLICIES.items()}
+        wait(losses_backend, handles)
+        losses = {name: figures_of(losses_backend, f"loss-{name}", loss) for name in POLICIES}
+        print(f"  ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+        # Time and bytes: one job at a time.
+        print(f"speed: {speed}, one at a time", file=sys.stderr)
+        backends = {"throttled": backend("throttled", LINK_GBIT), "unthrottled": backend("unthrottled", None)}
         for name, comm in POLICIES.items():
-            if only and name not in only.split(","):
-                continue
-            for mode, backend in backends.items():
+            for mode, chosen in backends.items():
+                if quick and mode == "unthrottled" and name != "none":
+                    continue  # --quick: the unthrottled baseline only
                 started = time.monotonic()
-                result = run_job(backend, f"{name}-{mode}", comm, steps)
-                results[mode][name] = result
+                job = f"{name}-{mode}"
+                wait(chosen, {job: launch(chosen, job, comm, speed)})
+                result = timing[mode][name] = figures_of(chosen, job, speed)
                 print(
-                    f"{name:10} {mode:11} {result['policy']:22} cross {result['cross_bytes_per_step'] / 1e6:8.3f} MB/step"
+                    f"  {name:10} {mode:11} {result['policy']:22}"
+                    f" cross {result['cross_bytes_per_step'] / 1e6:8.3f} MB/step"
                     f"  step {result['step_s'] * 1e3:7.1f} ms  hidden {result['hidden_share']:.0%}"
-                    f"  loss {result['loss_final']:.4f}  ({time.monotonic() - started:.0f} s)",
+                    f"  ({time.monotonic() - started:.0f} s)",
                     file=sys.stderr,
                 )
-    if os.environ.get("ONLY"):
-        return 0
-    throttled, unthrottled = results["throttled"], results["unthrottled"]
-    reference = throttled["none"]
+    throttled, unthrottled = timing["throttled"], timing["unthrottled"]
+    reference, reference_loss = throttled["none"], losses["none"]
+    span = reference_loss["loss_initial"] - reference_loss["loss_final"]
     figures: dict[str, Any] = {}
     for name in POLICIES:
         mine = throttled[name]
-        span = reference["loss_initial"] - reference["loss_final"]
         figures[f"{name}.bytes_ratio"] = round(mine["cross_bytes_per_step"] / reference["cross_bytes_per_step"], 4)
-        figures[f"{name}.loss_gap"] = round((mine["loss_final"] - reference["loss_final"]) / span, 4)
+        figures[f"{name}.loss_gap"] = round((losses[name]["loss_final"] - reference_loss["loss_final"]) / span, 4)
+        figures[f"{name}.loss_final"] = round(losses[name]["loss_final"], 4)
         figures[f"{name}.step_s_throttled"] = round(mine["step_s"], 4)
-        figures[f"{name}.step_s_unthrottled"] = round(unthrottled[name]["step_s"], 4)
+        if name in unthrottled:
+            figures[f"{name}.step_s_unthrottled"] = round(unthrottled[name]["step_s"], 4)
         figures[f"{name}.hidden_share"] = round(mine["hidden_share"], 3)
+        print(
+            f"{name:10} bytes {figures[f'{name}.bytes_ratio']:7.2%}  loss gap {figures[f'{name}.loss_gap']:+.2%}"
+            f"  step {mine['step_s'] * 1e3:6.1f} ms throttled",
+            file=sys.stderr,
+        )
     best = min(POLICIES, key=lambda n: throttled[n]["step_s"])
     figures["throttled_speedup_best"] = round(reference["step_s"] / throttled[best]["step_s"], 2)
     figures["best_throttled"] = best
     figures["auto.chose"] = throttled["auto"]["policy"]
-    figures["auto.chose_unthrottled"] = unthrottled["auto"]["policy"]
+    figures["auto.chose_for_loss"] = losses["auto"]["policy"]
     figures["link"] = reference["link"]
     figures["none.cross_bytes_per_step"] = round(reference["cross_bytes_per_step"])
-    figures["params"] = params
-    figures["steps"] = steps
-    print(f"auto, throttled: {throttled['auto']['reason']}", file=sys.stderr)
-    print(f"auto, unthrottled: {unthrottled['auto']['reason']}", file=sys.stderr)
+    figures["speed_shape"] = {"params": synthetic_mlp_param_count(speed.hidden), **asdict(speed)}
+    figures["loss_shape"] = {"params": synthetic_mlp_param_count(loss.hidden), **asdict(loss)}
+    print(f"auto (speed runs): {throttled['auto']['reason']}", file=sys.stderr)
     print(json.dumps(figures))
     return 0
 

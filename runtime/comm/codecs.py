@@ -3,8 +3,9 @@
 Pure tensor code (torch and numpy, no process group). The collectives in ``runtime.comm.collectives``
 carry what these produce; the bytes they count are the lengths of the very buffers they send.
 
-- ``CastCodec``: fp16 or bf16 values. The ring all-reduce sends chunks in this dtype and sums them in
-  fp32, so bf16 works on gloo (which cannot sum bf16) as well as on NCCL.
+- fp16 and bf16 need no codec: the collectives send values in that dtype and sum them in fp32, so
+  bf16 works on gloo (which cannot sum bf16) as well as on NCCL; ``fp16_scale`` keeps small gradients
+  inside fp16's range.
 - ``TopKCodec``: the largest-magnitude entries of gradient plus residual, with error feedback (what is
   not sent stays in the residual and goes later) and a warm-up in which the density falls from dense
   to its target (Deep Gradient Compression's schedule). A payload is one byte buffer: an 8-byte header,
@@ -25,7 +26,6 @@ import numpy as np
 import torch
 
 __all__ = [
-    "CastCodec",
     "Encoded",
     "PowerSGDCodec",
     "TopKCodec",
@@ -34,11 +34,11 @@ __all__ = [
     "index_bytes",
 ]
 
-HEADER_BYTES = 8  # encoding (1 byte), 3 spare, k (uint32)
+HEADER_BYTES = 12  # encoding (1 byte), 3 spare, k (uint32), the values' scale (float32)
 _BITMAP, _DELTA16, _INT32 = 0, 1, 2
 _ENCODING_NAMES = {_BITMAP: "bitmap", _DELTA16: "delta16", _INT32: "int32"}
 _ESCAPE = 0xFFFF  # in delta16: the next two words are a 32-bit gap (low, high)
-_FP16_MAX = 65504.0
+FP16_TOP = 16384.0  # where fp16_scale puts the largest value: 2 bits of headroom below 65504
 # Top-k estimates its threshold from this many sampled magnitudes when the tensor is larger.
 SAMPLE_SIZE = 16_384
 
@@ -50,17 +50,6 @@ class Encoded:
     decoded: torch.Tensor  # what the receiving side reconstructs (float32, the gradient's shape)
     wire_bytes: int
     detail: str = ""
-
-
-class CastCodec:
-    def __init__(self, dtype: torch.dtype) -> None:
-        if dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"dtype: cast to float16 or bfloat16, not {dtype}")
-        self.dtype = dtype
-
-    def encode(self, grad: torch.Tensor) -> Encoded:
-        sent = grad.to(self.dtype)
-        return Encoded(sent.to(grad.dtype), sent.numel() * sent.element_size(), f"{self.dtype}")
 
 
 def index_bytes(indices: torch.Tensor, numel: int) -> tuple[int, str]:
@@ -126,14 +115,27 @@ def _decode_indices(buf: np.ndarray, k: int, numel: int, kind: int) -> np.ndarra
     return np.cumsum(gaps)
 
 
+def fp16_scale(values: torch.Tensor) -> float:
+    """A power of two that brings the largest of ``values`` near the top of fp16's range: gradients of
+    a mean over a large batch are far below fp16's smallest normal (6e-5) and would lose their digits
+    or flush to zero. Scaling by a power of two is exact."""
+    peak = float(values.abs().max()) if values.numel() else 0.0
+    if not (peak > 0 and math.isfinite(peak)):
+        return 1.0
+    return 2.0 ** max(-126, min(126, math.floor(math.log2(FP16_TOP / peak))))
+
+
 def encode_sparse(values: torch.Tensor, indices: torch.Tensor, numel: int) -> torch.Tensor:
-    """One uint8 buffer: header, fp16 values, then the sorted ``indices`` in their smallest encoding."""
+    """One uint8 buffer: header, fp16 values (scaled by ``fp16_scale``), then the sorted ``indices``
+    in their smallest encoding."""
     k = indices.numel()
     _, kind = _choose_index_encoding(indices, numel)
     header = np.zeros(HEADER_BYTES, dtype=np.uint8)
     header[0] = kind
     header[4:8] = np.array([k], dtype="<u4").view(np.uint8)
-    halves = values.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16).numpy().view(np.uint8)
+    scale = fp16_scale(values)
+    header[8:12] = np.array([scale], dtype="<f4").view(np.uint8)
+    halves = (values * scale).to(torch.float16).numpy().view(np.uint8)
     body = _encode_indices(indices, numel, kind)
     return torch.from_numpy(np.concatenate([header, halves, body]))
 
@@ -143,8 +145,9 @@ def decode_sparse(payload: torch.Tensor, numel: int) -> tuple[torch.Tensor, torc
     buf = payload.numpy()
     kind = int(buf[0])
     k = int(buf[4:8].view("<u4")[0])
+    scale = float(buf[8:12].copy().view("<f4")[0])
     end = HEADER_BYTES + 2 * k
-    values = torch.from_numpy(buf[HEADER_BYTES:end].copy().view(np.float16)).to(torch.float32)
+    values = torch.from_numpy(buf[HEADER_BYTES:end].copy().view(np.float16)).to(torch.float32) / scale
     indices = torch.from_numpy(_decode_indices(buf[end:].copy(), k, numel, kind))
     return values, indices
 
@@ -188,7 +191,8 @@ class TopKCodec:
         values = accumulated[indices]
         payload = encode_sparse(values, indices, flat.numel())
         # Error feedback: what was not sent stays; of what was sent, fp16's rounding error stays too.
-        sent = values.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16).to(torch.float32)
+        scale = fp16_scale(values)
+        sent = (values * scale).to(torch.float16).to(torch.float32) / scale
         accumulated.index_put_((indices,), values - sent)
         return payload
 

@@ -5,8 +5,8 @@ rank) and gives every member the same result, bit for bit: each reduced value is
 one rank in a fixed order, and then copied.
 
 - ``ring_allreduce``: reduce-scatter then all-gather around the ring, ``2 (L - 1) / L`` of the tensor
-  sent per rank; with two members, or a small tensor, directly in one round trip instead. Chunks travel in ``wire_dtype`` and are summed in fp32, so fp16 and bf16 traffic
-  work on any backend.
+  sent per rank; with two members, or a small tensor, directly in one round trip instead. Values
+  travel in ``wire_dtype`` and are summed in fp32, so fp16 and bf16 traffic work on any backend.
 - ``allgather_bytes``: every member's byte buffer (any length) to every member, ``L - 1`` copies sent
   per rank, directly; each buffer travels behind its 8-byte length.
 - ``reduce_to_leader`` / ``broadcast_from_leader``: the two intra-group stages of a hierarchical
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
+from runtime.comm.codecs import fp16_scale
 from runtime.comm.transport import Transport
 
 __all__ = ["DIRECT_MAX_BYTES", "allgather_bytes", "broadcast_from_leader", "reduce_to_leader", "ring_allreduce"]
@@ -46,20 +47,44 @@ def ring_allreduce(
     for step in range(count - 1):
         out_chunk = chunks[(me - step) % count]
         in_index = (me - step - 1) % count
-        incoming = torch.empty(chunks[in_index].numel(), dtype=wire_dtype)
-        transport.exchange(nxt, out_chunk.to(wire_dtype), prev, incoming)
-        chunks[in_index] += incoming.to(torch.float32)
+        incoming = torch.empty(wire_length(chunks[in_index].numel(), wire_dtype), dtype=wire_dtype)
+        transport.exchange(nxt, to_wire(out_chunk, wire_dtype), prev, incoming)
+        chunks[in_index] += from_wire(incoming, wire_dtype)
     owned = (me + 1) % count
-    # The owner keeps what it sends (rounded to the wire dtype), so every rank ends with the same bits.
-    chunks[owned].copy_(chunks[owned].to(wire_dtype).to(torch.float32))
-    # All-gather: pass the finished chunks around the ring.
+    # All-gather: the finished chunks go around the ring as the owner encoded them, bytes forwarded
+    # untouched, and the owner keeps what it sent, so every rank decodes the same bytes.
+    wire: dict[int, torch.Tensor] = {owned: to_wire(chunks[owned], wire_dtype)}
+    chunks[owned].copy_(from_wire(wire[owned], wire_dtype))
     for step in range(count - 1):
-        out_chunk = chunks[(me + 1 - step) % count]
+        out_index = (me + 1 - step) % count
         in_index = (me - step) % count
-        incoming = torch.empty(chunks[in_index].numel(), dtype=wire_dtype)
-        transport.exchange(nxt, out_chunk.to(wire_dtype), prev, incoming)
-        chunks[in_index].copy_(incoming.to(torch.float32))
+        incoming = torch.empty(wire_length(chunks[in_index].numel(), wire_dtype), dtype=wire_dtype)
+        transport.exchange(nxt, wire[out_index], prev, incoming)
+        wire[in_index] = incoming
+        chunks[in_index].copy_(from_wire(incoming, wire_dtype))
     return result
+
+
+# An fp16 message carries its power-of-two scale (``fp16_scale``) in its first two slots, the bits of
+# one fp32. bf16 has fp32's range and needs none.
+
+
+def wire_length(numel: int, wire_dtype: torch.dtype) -> int:
+    return numel + 2 if wire_dtype == torch.float16 else numel
+
+
+def to_wire(values: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
+    if wire_dtype != torch.float16:
+        return values.to(wire_dtype)
+    scale = torch.tensor([fp16_scale(values)], dtype=torch.float32)
+    return torch.cat([scale.view(torch.float16), (values * scale).to(torch.float16)])
+
+
+def from_wire(buffer: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
+    if wire_dtype != torch.float16:
+        return buffer.to(torch.float32)
+    scale = buffer[:2].view(torch.float32)
+    return buffer[2:].to(torch.float32) / scale
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -72,13 +97,13 @@ def _direct_allreduce(
     """Each member sends its whole tensor to every other in one round trip; every member sums all of
     them in ``members`` order, so every member gets the same bits."""
     me = transport.rank
-    mine = tensor.detach().reshape(-1).to(wire_dtype)
+    mine = to_wire(tensor.detach().reshape(-1), wire_dtype)
     others = [m for m in members if m != me]
     received = {m: torch.empty(mine.numel(), dtype=wire_dtype) for m in others}
     transport.exchange_many([(m, mine) for m in others], list(received.items()))
-    total = torch.zeros(mine.numel(), dtype=torch.float32)
+    total = torch.zeros(tensor.numel(), dtype=torch.float32)
     for m in members:
-        total += (mine if m == me else received[m]).to(torch.float32)
+        total += from_wire(mine if m == me else received[m], wire_dtype)
     return total
 
 

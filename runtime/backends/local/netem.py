@@ -85,6 +85,9 @@ _MIN_BURST_BYTES = 64 * 1024
 _LATENCY_MS = 20
 
 
+ETC_NETNS = Path("/etc/netns")
+
+
 class FabricError(RuntimeError):
     """The fabric could not be created: the message names the command and what it said."""
 
@@ -345,10 +348,24 @@ class Fabric:
             _run(["ip", "-n", ns, "link", "set", plan.ifname, "up"])
             _run(["ip", "-n", ns, "route", "add", "default", "via", plan.host_address])
             _run(["tc", "-n", ns, "qdisc", "add", "dev", plan.ifname, "root", *tbf_args(plan.gbit)])
+            self._write_name_files(ns)
+
+    def _write_name_files(self, namespace: str) -> None:
+        """``ip netns exec`` mounts ``/etc/netns/NS/*`` over ``/etc``: give each namespace a hosts file
+        naming every address of the fabric and a resolver without servers. c10d looks up the name of
+        every peer that connects to its store; asked of a DNS server that the namespace cannot reach,
+        each lookup hung ~10 s before failing (EAI_AGAIN), which held every job's start by ~20 s."""
+        folder = ETC_NETNS / namespace
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = ["127.0.0.1 localhost", f"{self.plan.host_address} {self.plan.bridge}"]
+        lines += [f"{group.address} {group.namespace}" for group in self.plan.groups]
+        (folder / "hosts").write_text("\n".join(lines) + "\n")
+        (folder / "resolv.conf").write_text("# no name servers inside a Polychip link-emulation namespace\n")
 
     def _remove(self) -> None:
         plan = self.plan
         for group in plan.groups:
+            shutil.rmtree(ETC_NETNS / group.namespace, ignore_errors=True)
             # Deleting one end of a veth deletes both; the namespace goes once its last process exits.
             if Path("/sys/class/net", group.host_veth).exists():
                 _quiet(["ip", "link", "del", group.host_veth])
