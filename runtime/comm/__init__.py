@@ -1,8 +1,9 @@
 """Communication that does not hold training back (issue 6).
 
-- ``codecs``: fp16/bf16 casts, top-k with error feedback and compact index encodings, PowerSGD;
+- ``codecs``: top-k with error feedback and compact index encodings, PowerSGD, fp16's scale;
 - ``transport``: counted point-to-point messages, per link class, and the token-bucket link throttle;
-- ``collectives``: ring all-reduce in any wire dtype, ring all-gather, intra-group reduce/broadcast;
+- ``collectives``: all-reduce in any wire dtype (ring, or direct when small), all-gather of byte
+  buffers, intra-group reduce/broadcast;
 - ``reducer``: the worker's bucketed, overlapped, hierarchical gradient exchange under a policy;
 - ``auto``: the policy chosen from the measured link bandwidth and the model size;
 - ``session``: what a rank calls once its process group exists;

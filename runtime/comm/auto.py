@@ -7,8 +7,10 @@ of it in matrices that low rank compresses. The rule, in order of what each poli
 1. ``none`` when the dense exchange fits the budget: the link is fast enough, compression would only
    cost compute;
 2. ``fp16`` when half the bytes fit (its loss is indistinguishable from dense);
-3. ``powersgd`` at rank 4 when most of the model is in matrices and its P and Q fit;
-4. ``topk`` at the density that fits, never below 1%.
+3. ``powersgd`` at the spec's rank (4 by default) when most of the model is in matrices and its P
+   and Q fit;
+4. ``topk`` at the density that fits, between 1% and 10% (the spec's ``density`` is not used: auto
+   chooses it).
 
 The budget is what one step may spend on the slow link; 10 ms by default, small beside a training
 step on an accelerator.

@@ -8,9 +8,10 @@ carry what these produce; the bytes they count are the lengths of the very buffe
   inside fp16's range.
 - ``TopKCodec``: the largest-magnitude entries of gradient plus residual, with error feedback (what is
   not sent stays in the residual and goes later) and a warm-up in which the density falls from dense
-  to its target (Deep Gradient Compression's schedule). A payload is one byte buffer: an 8-byte header,
-  the values in fp16, and the indices in the smallest of three encodings: a bitmap, 16-bit gaps between
-  successive indices (with an escape for larger gaps), or 32-bit positions.
+  to its target (Deep Gradient Compression's schedule). A payload is one byte buffer: a 12-byte
+  header (with the values' fp16 scale), the values in fp16, and the indices in the smallest of three
+  encodings: a bitmap, 16-bit gaps between successive indices (with an escape for larger gaps), or
+  32-bit positions.
 - ``PowerSGDCodec``: rank-r approximation P Qᵀ of a matrix-shaped gradient (one power iteration
   warm-started from the last Q), with error feedback; ``reduce`` stands for the SUM all-reduce of P and
   of Q across the ranks that share the codec's state.

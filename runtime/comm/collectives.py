@@ -37,7 +37,9 @@ def ring_allreduce(
     count = len(members)
     if count == 1:
         return tensor.detach().to(torch.float32).clone()
-    if count == 2 or tensor.numel() * _itemsize(wire_dtype) <= DIRECT_MAX_BYTES:
+    # Directly: each member sends L - 1 copies (the ring sends 2 (L - 1) / L of one), so only when the
+    # copies are few and small, or when there are two members (then both send one copy).
+    if count == 2 or tensor.numel() * _itemsize(wire_dtype) * (count - 1) <= DIRECT_MAX_BYTES:
         return _direct_allreduce(transport, members, tensor, wire_dtype)
     result = tensor.detach().to(torch.float32).clone()
     me = members.index(transport.rank)

@@ -32,6 +32,7 @@ from runtime.comm.transport import Transport
 
 __all__ = ["CommPlan", "GradientReducer", "Layout", "StepComm", "plan_buckets"]
 
+REDUCER_THREAD = "grad-reducer"
 _CAST = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -80,6 +81,11 @@ class Layout:
 
     def group_of(self, rank: int) -> tuple[int, ...]:
         return next(g for g in self.groups if rank in g)
+
+
+def exchange_still_running() -> bool:
+    """Whether a gradient exchange thread of this process is alive (inside a collective, after abort)."""
+    return any(t.name == REDUCER_THREAD and t.is_alive() for t in threading.enumerate())
 
 
 def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
@@ -172,6 +178,7 @@ class GradientReducer:
                     for i, p in enumerate(bucket.params)
                 ]
         self._armed = False
+        self._aborted = False
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._stats = StepComm()
@@ -195,7 +202,7 @@ class GradientReducer:
         self._error = None
         self._done.clear()
         if self.plan.overlap:
-            self._thread = threading.Thread(target=self._reduce_all, name="grad-reducer", daemon=True)
+            self._thread = threading.Thread(target=self._reduce_all, name=REDUCER_THREAD, daemon=True)
             self._thread.start()
 
     def arm(self) -> None:
@@ -229,7 +236,21 @@ class GradientReducer:
         stats.exposed_s = min(stats.collective_s, time.monotonic() - waited_from)
         return stats
 
+    def abort(self, timeout_s: float = 2.0) -> bool:
+        """After a failure mid-step: let the exchange thread stop before the next bucket. Returns False
+        when it is still inside a collective (a peer that never answers): the caller must then not
+        tear the process group down under it, but leave it to the process's exit."""
+        self._aborted = True
+        for bucket in self.buckets:
+            bucket.ready.set()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
     def close(self) -> None:
+        """At the end of the run, or after a failure (then the exchange thread is stopped first)."""
+        self.abort()
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
@@ -238,6 +259,8 @@ class GradientReducer:
         try:
             for bucket in self.buckets:  # the same order on every rank
                 bucket.ready.wait()
+                if self._aborted:
+                    return
                 started = time.monotonic()
                 bucket.write_back(self._reduce(bucket, bucket.grads))
                 self._stats.collective_s += time.monotonic() - started

@@ -43,7 +43,7 @@ from torch import nn
 
 from runtime.balancing import Balancer, Decision, Split
 from runtime.comm.collectives import ring_allreduce
-from runtime.comm.reducer import StepComm
+from runtime.comm.reducer import StepComm, exchange_still_running
 from runtime.comm.session import Exchange, open_exchange
 from runtime.worker.config import StepHook, StepInfo, TrainResult, WorkerConfig, initial_split, make_balancer
 from runtime.worker.telemetry import Telemetry
@@ -90,7 +90,8 @@ def run(config: WorkerConfig, step_hooks: Sequence[StepHook] = ()) -> TrainResul
             split=initial_split(config).to_json(),
             balancing=config.balancing.mode if config.balancing is not None else "fixed",
         )
-        result = _train(config, step_hooks, telemetry)
+        with contextlib.ExitStack() as cleanup:
+            result = _train(config, step_hooks, telemetry, cleanup)
         finished: dict[str, object] = {"steps": result.steps, "final_loss": result.final_loss}
         if result.artifact is not None:
             finished["artifact"] = result.artifact
@@ -103,7 +104,9 @@ def run(config: WorkerConfig, step_hooks: Sequence[StepHook] = ()) -> TrainResul
         # Telemetry first: peers blocked in a collective notice this rank's death only when its
         # group goes away, and the supervisor should see the failing rank exit before its victims.
         telemetry.close()
-        if group_ready:
+        # Not under a gradient exchange still blocked in a collective (a failure mid-step whose peers
+        # never answered): the process's exit takes the group down with it.
+        if group_ready and not exchange_still_running():
             # Tearing down after a failure must not mask the original error.
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
@@ -167,7 +170,9 @@ def split_fingerprint(split: Split) -> float:
     return float(zlib.crc32(json.dumps(split.to_json()).encode()) % (1 << 24))
 
 
-def _train(config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Telemetry) -> TrainResult:
+def _train(
+    config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Telemetry, cleanup: contextlib.ExitStack
+) -> TrainResult:
     spec = config.workload
     started = time.monotonic()
     dataset = SyntheticDataset(spec.seed, spec.global_batch)
@@ -185,6 +190,9 @@ def _train(config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Tele
     world = config.world_size
     losses: list[float] = []
     exchange = _open_exchange(config, params, telemetry)
+    # Closed when _train ends, by success or failure: after a failure mid-step it stops the exchange
+    # thread before the process group is torn down.
+    cleanup.callback(exchange.reducer.close)
     transport = exchange.transport
     totals = _CommTotals()
 
@@ -271,7 +279,6 @@ def _train(config: WorkerConfig, step_hooks: Sequence[StepHook], telemetry: Tele
                 fields["efficiency"] = round(decision.efficiency, 4)
         telemetry.emit("step", **fields)
 
-    exchange.reducer.close()
     telemetry.emit("comm_summary", **totals.summary())
     artifact: str | None = None
     if config.rank == 0:

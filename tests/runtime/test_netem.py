@@ -318,7 +318,8 @@ def test_a_three_rank_two_vendor_job_runs_over_the_shaped_link(
         # The leaders time a 1 MiB ring all-reduce; what can cross a 1 Gbit/s shaper with a 250 KB bucket
         # in that time is at most 1.33 Gbit/s (less on a busy host: the probe counts gloo's own time too).
         assert 0 < measured < 1.4, measured
-        assert processes_mentioning(str(run_dir)) == []
+        # The supervisor writes the final status, then exits.
+        assert wait_for(lambda: processes_mentioning(str(run_dir)) == [], 10)
     finally:
         ingest.close()
 

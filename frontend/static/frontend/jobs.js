@@ -43,7 +43,8 @@
     return `${i ? n.toFixed(n < 10 ? 1 : 0) : Math.round(n)} ${units[i]}`;
   }
 
-  // "comm topk (density 0.01) · cross-group 1.2 MB/step · collective 35 ms · 80% hidden", and auto's why.
+  // "comm topk (density 0.01) · rank 0 sends 1.2 MB/step across groups · collective 35 ms · 80% hidden",
+  // and auto's why.
   function commLine(job) {
     const c = job.comm;
     if (!c) return "";
@@ -56,7 +57,7 @@
     const p = c.per_step;
     if (p) {
       const where = p.source === "run" ? " (run average)" : "";
-      parts.push(`cross-group ${fmtBytes(p.bytes_cross)}/step${where}`);
+      parts.push(`rank 0 sends ${fmtBytes(p.bytes_cross)}/step across groups${where}`);
       if (typeof p.collective_s === "number") parts.push(`collective ${(p.collective_s * 1000).toFixed(1)} ms`);
       if (typeof p.hidden_share === "number") parts.push(`${Math.round(p.hidden_share * 100)}% hidden`);
     }

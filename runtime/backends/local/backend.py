@@ -351,6 +351,11 @@ class LocalBackend:
                     time.sleep(0.05)
         # A job that had already failed (its supervisor died) keeps that cause on record.
         self._mark_torn_down(run_dir, before.reason if before.phase == Phase.FAILED else "torn down")
+        launch = read_json(run_dir / LAUNCH_FILE)
+        if isinstance(launch, dict) and isinstance(launch.get("link"), dict) and launch["link"].get("mode") == "netns":
+            # A supervisor killed before it removed its emulated link leaves it behind: remove what no
+            # live supervisor owns.
+            netem.cleanup_stale()
 
     def _alive_pids(self, run_dir: Path) -> tuple[int | None, list[int]]:
         """The supervisor's pid if it runs, and the pids of rank processes that still run."""

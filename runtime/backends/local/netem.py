@@ -200,8 +200,10 @@ class FabricPlan:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"fabric: not a fabric plan ({exc!r}); it is written by the local backend") from None
         # Whatever the file says, only our own names are ever handed to ``ip link del``/``ip netns del``.
+        # Exactly the shapes ``for_job`` makes: a name such as "<name>g1/.." would reach rmtree and ip as root.
+        own = re.compile(rf"^{re.escape(plan.name)}(br|g\d{{1,3}}|h\d{{1,3}})$")
         names = [plan.bridge, *(g.namespace for g in plan.groups), *(g.host_veth for g in plan.groups)]
-        if not _NAME.match(plan.name) or any(not n.startswith(plan.name) or len(n) > 15 for n in names):
+        if not _NAME.match(plan.name) or not all(own.match(n) for n in names) or plan.ifname != IFNAME:
             raise ValueError(f"fabric.name: {plan.name!r} and its interfaces must be {PREFIX}<6 hex>...")
         return plan
 
