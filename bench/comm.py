@@ -29,7 +29,9 @@ Figures, per policy:
   steps (the same samples for every policy), loss shape;
 - ``hidden_share``: the share of collective time that the backward pass hid. With the default 25 MB
   buckets each model is one bucket, which goes only once the backward pass is over, so this is small;
-  ``none_2mb_buckets`` runs ``none`` once more in 2 MB buckets to show what overlap hides.
+  ``none_2mb_buckets`` runs ``none`` once more in 2 MB buckets. It measured about as little hidden
+  (0.9%): in this MLP 98% of the gradient is the middle layer's matrix, and once backward has
+  finished it only the small first layer is left to compute behind it.
 
 ``throttled_speedup_best``: ``none``'s throttled step time over the best policy's. The last line is
 one JSON object.
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
         # Overlap: with the default 25 MB buckets the whole gradient is one bucket, which can only go
-        # once the backward pass is over; in 2 MB buckets the last layers' go while it continues.
+        # once the backward pass is over; in 2 MB buckets each bucket goes as soon as it is finished.
         small = {"compression": "none", "bucket_mb": 2.0}
         job = "none-2mb-throttled"
         wait(backends["throttled"], {job: launch(backends["throttled"], job, small, speed)})
