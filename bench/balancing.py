@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from runtime.backends.base import LaunchRequest, Phase, RankPlacement  # noqa: E402
 from runtime.backends.local import LocalBackend  # noqa: E402
+from runtime.backends.local.bench import wait_for_jobs  # noqa: E402
 from runtime.balancing import BLENDS, BalancerConfig  # noqa: E402
 from runtime.jobspec import WorkloadSpec  # noqa: E402
 
@@ -95,21 +96,6 @@ def launch(
     return backend.provision(request)
 
 
-def wait(backend: LocalBackend, handles: dict[str, dict[str, Any]], timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    pending = dict(handles)
-    while pending:
-        for job, handle in list(pending.items()):
-            phase = backend.observe(handle).phase
-            if phase == Phase.SUCCEEDED:
-                del pending[job]
-            elif phase in (Phase.FAILED, Phase.GONE):
-                raise RuntimeError(f"{job}: {backend.observe(handle).reason or phase}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"still running after {timeout_s} s: {', '.join(pending)}")
-        time.sleep(0.2)
-
-
 def events(backend: LocalBackend, job: str, world: int) -> Run:
     rank_steps: dict[int, list[dict[str, Any]]] = {}
     rebalances: list[dict[str, Any]] = []
@@ -134,7 +120,7 @@ def run_jobs(backend: LocalBackend, jobs: dict[str, tuple[list[float], str, int]
         job: launch(backend, job, speeds, steps=steps, mode=mode, global_batch=batch)
         for job, (speeds, mode, batch) in jobs.items()
     }
-    wait(backend, handles)
+    wait_for_jobs(backend, handles, timeout_s=300)
     return {job: events(backend, job, len(speeds)) for job, (speeds, _, _) in jobs.items()}
 
 

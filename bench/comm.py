@@ -53,8 +53,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-from runtime.backends.base import LaunchRequest, Phase, RankPlacement  # noqa: E402
+from runtime.backends.base import LaunchRequest, RankPlacement  # noqa: E402
 from runtime.backends.local import LocalBackend  # noqa: E402
+from runtime.backends.local.bench import step_events, telemetry_events, wait_for_jobs  # noqa: E402
 from runtime.jobspec import WorkloadSpec, parse_comm  # noqa: E402
 from runtime.worker.config import synthetic_mlp_param_count  # noqa: E402
 
@@ -103,37 +104,16 @@ def launch(backend: LocalBackend, job: str, comm: dict[str, Any], shape: Shape) 
     return backend.provision(request)
 
 
-def wait(backend: LocalBackend, handles: dict[str, dict[str, Any]], timeout_s: float = 900) -> None:
-    deadline = time.monotonic() + timeout_s
-    pending = dict(handles)
-    while pending:
-        for job, handle in list(pending.items()):
-            observation = backend.observe(handle)
-            if observation.phase == Phase.SUCCEEDED:
-                del pending[job]
-            elif observation.phase in (Phase.FAILED, Phase.GONE):
-                raise RuntimeError(f"{job}: {observation.reason or observation.phase}")
-        if time.monotonic() > deadline:
-            for handle in pending.values():
-                backend.teardown(handle)
-            raise TimeoutError(f"still running after {timeout_s} s: {', '.join(pending)}")
-        time.sleep(0.2)
-
-
 def figures_of(backend: LocalBackend, job: str, shape: Shape) -> dict[str, Any]:
     run_dir = backend.runs_dir / job
-    events = {
-        rank: [json.loads(line) for line in (run_dir / f"telemetry.rank{rank}.jsonl").read_text().splitlines()]
-        for rank in range(len(VENDORS))
-    }
     launch_file = json.loads((run_dir / "launch.json").read_text())
-    steps_of = {rank: [e for e in rows if e["kind"] == "step"] for rank, rows in events.items()}
+    steps_of = {rank: step_events(run_dir / f"telemetry.rank{rank}.jsonl") for rank in range(len(VENDORS))}
     steady = [e for e in steps_of[0] if e["step"] > shape.warmup_steps]
     # Every rank's bytes on the cross-group link in the same step, summed; averaged over the steady steps.
     cross = statistics.mean(
         sum(steps_of[r][i]["comm_bytes_cross"] for r in steps_of) for i in range(shape.warmup_steps, shape.steps)
     )
-    comm_event = next(e for e in events[0] if e["kind"] == "comm")
+    comm_event = telemetry_events(run_dir / "telemetry.rank0.jsonl", "comm")[0]
     losses = [e["loss"] for e in steps_of[0]]
     return {
         "cross_bytes_per_step": cross,
@@ -169,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         losses_backend = backend("loss", LINK_GBIT)
         handles = {name: launch(losses_backend, f"loss-{name}", comm, loss) for name, comm in POLICIES.items()}
-        wait(losses_backend, handles)
+        wait_for_jobs(losses_backend, handles, timeout_s=900)
         losses = {name: figures_of(losses_backend, f"loss-{name}", loss) for name in POLICIES}
         print(f"  ({time.monotonic() - started:.0f} s)", file=sys.stderr)
         # Time and bytes: one job at a time.
@@ -181,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # --quick: the unthrottled baseline only
                 started = time.monotonic()
                 job = f"{name}-{mode}"
-                wait(chosen, {job: launch(chosen, job, comm, speed)})
+                wait_for_jobs(chosen, {job: launch(chosen, job, comm, speed)}, timeout_s=900)
                 result = timing[mode][name] = figures_of(chosen, job, speed)
                 print(
                     f"  {name:10} {mode:11} {result['policy']:22}"
@@ -194,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         # once the backward pass is over; in 2 MB buckets each bucket goes as soon as it is finished.
         small = {"compression": "none", "bucket_mb": 2.0}
         job = "none-2mb-throttled"
-        wait(backends["throttled"], {job: launch(backends["throttled"], job, small, speed)})
+        wait_for_jobs(backends["throttled"], {job: launch(backends["throttled"], job, small, speed)}, timeout_s=900)
         overlapped = figures_of(backends["throttled"], job, speed)
     throttled, unthrottled = timing["throttled"], timing["unthrottled"]
     reference, reference_loss = throttled["none"], losses["none"]

@@ -175,39 +175,28 @@ def comm_view(job: TrainingJob) -> dict[str, Any]:
     ran = stored.get("ran") or {}
     last, summary = stored.get("last_step"), stored.get("summary")
     per_step: dict[str, Any] | None = None
-    if summary:
-        per_step = {
-            "source": "run",
-            "steps": summary.get("steps"),
-            "bytes_cross": summary.get("bytes_cross_per_step"),
-            "bytes_intra": summary.get("bytes_intra_per_step"),
-            "collective_s": summary.get("collective_s_per_step"),
-            "exposed_s": summary.get("exposed_s_per_step"),
-            "hidden_share": summary.get("hidden_share"),
-        }
-    elif last:
-        per_step = {
-            "source": "step",
-            "step": last.get("step"),
-            "bytes_cross": last.get("comm_bytes_cross"),
-            "bytes_intra": last.get("comm_bytes_intra"),
-            "collective_s": last.get("collective_s"),
-            "exposed_s": last.get("exposed_s"),
-            "hidden_share": last.get("hidden_share"),
-        }
+    if summary:  # the run's averages, once the job has ended
+        per_step = {"source": "run", "steps": summary.get("steps")}
+        per_step |= {name: summary.get(key) for name, (key, _) in _PER_STEP_FIELDS.items()}
+    elif last:  # rank 0's latest step while it runs
+        per_step = {"source": "step", "step": last.get("step")}
+        per_step |= {name: last.get(key) for name, (_, key) in _PER_STEP_FIELDS.items()}
     return {
         "requested": requested,
-        "policy": ran.get("policy") or None,
-        "compression": ran.get("compression") or None,
-        "reason": ran.get("reason") or None,
-        "hierarchical": ran.get("hierarchical"),
-        "groups": ran.get("groups"),
-        "buckets": ran.get("buckets"),
-        "overlap": ran.get("overlap"),
-        "link": ran.get("link"),
-        "link_gbit_measured": ran.get("link_gbit_measured"),
+        **{key: ran.get(key) or None for key in ("policy", "compression", "reason")},
+        **{key: ran.get(key) for key in ("hierarchical", "groups", "buckets", "overlap", "link", "link_gbit_measured")},
         "per_step": per_step,
     }
+
+
+# The per-step figures the API shows: (key in the worker's comm_summary, key in its step events).
+_PER_STEP_FIELDS = {
+    "bytes_cross": ("bytes_cross_per_step", "comm_bytes_cross"),
+    "bytes_intra": ("bytes_intra_per_step", "comm_bytes_intra"),
+    "collective_s": ("collective_s_per_step", "collective_s"),
+    "exposed_s": ("exposed_s_per_step", "exposed_s"),
+    "hidden_share": ("hidden_share", "hidden_share"),
+}
 
 
 def get_job(*, tenant_id: int, job_id: int) -> JobView:

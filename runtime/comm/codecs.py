@@ -246,22 +246,23 @@ class PowerSGDCodec:
         self.residual: torch.Tensor | None = None
 
     @staticmethod
-    def as_matrix(shape: torch.Size) -> tuple[int, int]:
-        """Gradients of any shape as an n x m matrix: the first dimension by the rest."""
+    def factors(shape: torch.Size, rank: int) -> tuple[int, int, int]:
+        """(n, m, r): a gradient of any shape as an n x m matrix (the first dimension by the rest),
+        and the rank r of its P (n x r) and Q (m x r)."""
         n = shape[0] if len(shape) else 1
-        return n, max(1, math.prod(shape) // max(1, n))
+        m = max(1, math.prod(shape) // max(1, n))
+        return n, m, min(rank, n, m)
 
     @staticmethod
     def worth_compressing(shape: torch.Size, rank: int) -> bool:
-        """False when P and Q together would be no smaller than the matrix itself."""
-        n, m = PowerSGDCodec.as_matrix(shape)
-        r = min(rank, n, m)
+        """False when P and Q together would be no smaller than the matrix itself (always so for a
+        vector: n x 1 with r = 1)."""
+        n, m, r = PowerSGDCodec.factors(shape, rank)
         return r * (n + m) < n * m
 
     def project(self, grad: torch.Tensor) -> torch.Tensor:
         """Step 1 of 2: this rank's P = (grad + residual) Q, to be SUM-reduced across ranks."""
-        n, m = self.as_matrix(grad.shape)
-        r = min(self.rank, n, m)
+        n, m, r = self.factors(grad.shape, self.rank)
         matrix = grad.reshape(n, m)
         if self.residual is None:
             self.residual = matrix.to(torch.float32, copy=True)
@@ -296,6 +297,5 @@ class PowerSGDCodec:
         p = self.reduce(self.project(grad))
         q = self.reduce(self.back_project(p))
         approx = self.finish(q, grad.shape)
-        n, m = self.as_matrix(grad.shape)
-        r = p.shape[1]
+        n, m, r = self.factors(grad.shape, self.rank)
         return Encoded(approx, (p.numel() + q.numel()) * 4, f"rank {r}: {n}x{r} + {m}x{r}")

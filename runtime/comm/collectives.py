@@ -39,7 +39,7 @@ def ring_allreduce(
         return tensor.detach().to(torch.float32).clone()
     # Directly: each member sends L - 1 copies (the ring sends 2 (L - 1) / L of one), so only when the
     # copies are few and small, or when there are two members (then both send one copy).
-    if count == 2 or tensor.numel() * _itemsize(wire_dtype) * (count - 1) <= DIRECT_MAX_BYTES:
+    if count == 2 or tensor.numel() * wire_dtype.itemsize * (count - 1) <= DIRECT_MAX_BYTES:
         return _direct_allreduce(transport, members, tensor, wire_dtype)
     result = tensor.detach().to(torch.float32).clone()
     me = members.index(transport.rank)
@@ -87,10 +87,6 @@ def from_wire(buffer: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
         return buffer.to(torch.float32)
     scale = buffer[:2].view(torch.float32)
     return buffer[2:].to(torch.float32) / scale
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
 
 
 def _direct_allreduce(

@@ -29,31 +29,21 @@ from torch import nn
 from runtime.comm.codecs import PowerSGDCodec, TopKCodec, decode_sparse
 from runtime.comm.collectives import allgather_bytes, broadcast_from_leader, reduce_to_leader, ring_allreduce
 from runtime.comm.transport import Transport
+from runtime.jobspec import CommSpec
 
-__all__ = ["CommPlan", "GradientReducer", "Layout", "StepComm", "plan_buckets"]
+__all__ = ["GradientReducer", "Layout", "StepComm", "plan_buckets", "policy_label"]
 
 REDUCER_THREAD = "grad-reducer"
 _CAST = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-@dataclass(frozen=True)
-class CommPlan:
-    """A resolved policy (``auto`` already decided): what the reducer does."""
-
-    compression: str = "none"  # none | fp16 | bf16 | topk | powersgd
-    density: float = 0.1
-    rank: int = 4
-    bucket_mb: float = 25.0
-    hierarchical: bool = True
-    warmup_steps: int = 20
-    overlap: bool = True
-
-    def label(self) -> str:
-        if self.compression == "topk":
-            return f"topk (density {self.density:g})"
-        if self.compression == "powersgd":
-            return f"powersgd (rank {self.rank})"
-        return self.compression
+def policy_label(plan: CommSpec) -> str:
+    """A resolved policy as telemetry and the portal name it, e.g. "topk (density 0.01)"."""
+    if plan.compression == "topk":
+        return f"topk (density {plan.density:g})"
+    if plan.compression == "powersgd":
+        return f"powersgd (rank {plan.rank})"
+    return plan.compression
 
 
 @dataclass(frozen=True)
@@ -110,7 +100,6 @@ class StepComm:
 
     collective_s: float = 0.0  # time spent reducing buckets (compression included)
     exposed_s: float = 0.0  # of which the step waited for after its compute was done
-    buckets: int = 0
 
     @property
     def hidden_share(self) -> float:
@@ -153,8 +142,9 @@ class _Bucket:
 
 class GradientReducer:
     def __init__(
-        self, params: Sequence[nn.Parameter], plan: CommPlan, transport: Transport, layout: Layout, *, seed: int = 0
+        self, params: Sequence[nn.Parameter], plan: CommSpec, transport: Transport, layout: Layout, *, seed: int = 0
     ) -> None:
+        """``plan``: the job's comm spec with ``auto`` already resolved to a policy."""
         self.plan = plan
         self.transport = transport
         self.layout = layout
@@ -173,7 +163,7 @@ class GradientReducer:
             for b, bucket in enumerate(self.buckets):
                 bucket.power = [
                     PowerSGDCodec(plan.rank, seed=seed * 7919 + b * 131 + i)
-                    if p.dim() >= 2 and PowerSGDCodec.worth_compressing(p.shape, plan.rank)
+                    if PowerSGDCodec.worth_compressing(p.shape, plan.rank)
                     else None
                     for i, p in enumerate(bucket.params)
                 ]
@@ -264,7 +254,6 @@ class GradientReducer:
                 started = time.monotonic()
                 bucket.write_back(self._reduce(bucket, bucket.grads))
                 self._stats.collective_s += time.monotonic() - started
-                self._stats.buckets += 1
         except BaseException as exc:  # surfaced on the main thread by finish()
             self._error = exc
         finally:
@@ -320,8 +309,7 @@ class GradientReducer:
         for v, codec in zip(views, bucket.power, strict=True):
             if codec is None:
                 continue
-            n, m = PowerSGDCodec.as_matrix(v.shape)
-            r = min(codec.rank, n, m)
+            n, _, r = PowerSGDCodec.factors(v.shape, codec.rank)
             p_sum = first[cursor : cursor + n * r].view(n, r)
             cursor += n * r
             q_parts.append(codec.back_project(p_sum).reshape(-1))
@@ -335,8 +323,7 @@ class GradientReducer:
                 out[offset : offset + n] = dense_sum[dense_offset : dense_offset + n]
                 dense_offset += n
             else:
-                rows, m = PowerSGDCodec.as_matrix(v.shape)
-                r = min(codec.rank, rows, m)
+                rows, m, r = PowerSGDCodec.factors(v.shape, codec.rank)
                 q = q_sum[q_offset : q_offset + m * r].view(m, r)
                 q_offset += m * r
                 codec.finish(q, v.shape, out=out[offset : offset + n].view(rows, m))

@@ -7,6 +7,7 @@ decision from the same all-reduced figure.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from runtime.comm.auto import choose_policy
 from runtime.comm.codecs import PowerSGDCodec
 from runtime.comm.collectives import ring_allreduce
 from runtime.comm.link import LinkEmulation
-from runtime.comm.reducer import CommPlan, GradientReducer, Layout
+from runtime.comm.reducer import GradientReducer, Layout
 from runtime.comm.transport import LinkThrottle, Transport
 from runtime.jobspec import CommSpec
 
@@ -31,7 +32,7 @@ PROBE_BYTES = 1 << 20
 class Exchange:
     reducer: GradientReducer
     transport: Transport
-    plan: CommPlan
+    plan: CommSpec  # the job's spec with auto resolved
     reason: str
     link_gbit_measured: float | None
 
@@ -49,11 +50,12 @@ def measure_link(transport: Transport, layout: Layout) -> float:
     if transport.rank in leaders and len(leaders) > 1:
         probe = torch.zeros(PROBE_BYTES // 4)
         ring_allreduce(transport, leaders, probe[:1024])
+        before = transport.counters.snapshot()
         started = time.monotonic()
         ring_allreduce(transport, leaders, probe)
         elapsed = time.monotonic() - started
-        sent = 2 * (len(leaders) - 1) / len(leaders) * PROBE_BYTES
-        rate = sent / elapsed
+        moved = transport.counters.since(before)  # what this rank really sent, whichever path it took
+        rate = (moved.intra_bytes + moved.cross_bytes) / elapsed
     agreed = ring_allreduce(transport, world, torch.tensor([rate, 1.0 if rate > 0 else 0.0]))
     measured, count = float(agreed[0]), float(agreed[1])
     return measured / count if count else float("inf")
@@ -62,9 +64,8 @@ def measure_link(transport: Transport, layout: Layout) -> float:
 def _lowrank_numbers(params: Sequence[nn.Parameter], rank: int) -> tuple[int, int]:
     matrix = lowrank = 0
     for p in params:
-        if p.dim() >= 2 and PowerSGDCodec.worth_compressing(p.shape, rank):
-            n, m = PowerSGDCodec.as_matrix(p.shape)
-            r = min(rank, n, m)
+        if PowerSGDCodec.worth_compressing(p.shape, rank):
+            n, m, r = PowerSGDCodec.factors(p.shape, rank)
             matrix += p.numel()
             lowrank += r * (n + m)
         else:
@@ -108,14 +109,6 @@ def open_exchange(
         reason = f"auto chose {compression}: {choice.reason}"
     else:
         reason = f"{compression}, as the job spec asks"
-    plan = CommPlan(
-        compression=compression,
-        density=density,
-        rank=lowrank_rank,
-        bucket_mb=spec.bucket_mb,
-        hierarchical=spec.hierarchical,
-        warmup_steps=spec.warmup_steps,
-        overlap=spec.overlap,
-    )
+    plan = dataclasses.replace(spec, compression=compression, density=density, rank=lowrank_rank)
     reducer = GradientReducer(params, plan, transport, layout, seed=seed)
     return Exchange(reducer, transport, plan, reason, measured)

@@ -64,19 +64,12 @@ class LinkThrottle:
 class LinkCounters:
     intra_bytes: int = 0
     cross_bytes: int = 0
-    messages: int = 0
-    throttled_s: float = 0.0
 
     def snapshot(self) -> LinkCounters:
-        return LinkCounters(self.intra_bytes, self.cross_bytes, self.messages, self.throttled_s)
+        return LinkCounters(self.intra_bytes, self.cross_bytes)
 
     def since(self, earlier: LinkCounters) -> LinkCounters:
-        return LinkCounters(
-            self.intra_bytes - earlier.intra_bytes,
-            self.cross_bytes - earlier.cross_bytes,
-            self.messages - earlier.messages,
-            self.throttled_s - earlier.throttled_s,
-        )
+        return LinkCounters(self.intra_bytes - earlier.intra_bytes, self.cross_bytes - earlier.cross_bytes)
 
 
 class Transport:
@@ -119,10 +112,9 @@ class Transport:
             if self.crosses(dst):
                 self.counters.cross_bytes += nbytes
                 if self.throttle is not None:
-                    self.counters.throttled_s += self.throttle.consume(nbytes)
+                    self.throttle.consume(nbytes)
             else:
                 self.counters.intra_bytes += nbytes
-            self.counters.messages += 1
             keep.append(payload.contiguous())
             pending.append(dist.isend(keep[-1], dst=dst))
         for work in pending:

@@ -43,7 +43,7 @@ from torch import nn
 
 from runtime.balancing import Balancer, Decision, Split
 from runtime.comm.collectives import ring_allreduce
-from runtime.comm.reducer import StepComm, exchange_still_running
+from runtime.comm.reducer import StepComm, exchange_still_running, policy_label
 from runtime.comm.session import Exchange, open_exchange
 from runtime.worker.config import StepHook, StepInfo, TrainResult, WorkerConfig, initial_split, make_balancer
 from runtime.worker.telemetry import Telemetry
@@ -279,7 +279,8 @@ def _train(
                 fields["efficiency"] = round(decision.efficiency, 4)
         telemetry.emit("step", **fields)
 
-    telemetry.emit("comm_summary", **totals.summary())
+    comm_summary = totals.summary()
+    telemetry.emit("comm_summary", **comm_summary)
     artifact: str | None = None
     if config.rank == 0:
         artifact = str(save_model(model, Path(config.artifacts_dir)))
@@ -291,7 +292,7 @@ def _train(
         losses=losses,
         artifact=artifact,
         wall_time_s=time.monotonic() - started,
-        comm=totals.summary(),
+        comm=comm_summary,
     )
 
 
@@ -302,26 +303,24 @@ class _CommTotals:
         self.steps = 0
         self.bytes_intra = 0
         self.bytes_cross = 0
-        self.collective_s = 0.0
-        self.exposed_s = 0.0
+        self.time = StepComm()  # the run's collective and exposed seconds, summed
 
     def add(self, comm: StepComm, bytes_intra: int, bytes_cross: int) -> None:
         self.steps += 1
         self.bytes_intra += bytes_intra
         self.bytes_cross += bytes_cross
-        self.collective_s += comm.collective_s
-        self.exposed_s += comm.exposed_s
+        self.time.collective_s += comm.collective_s
+        self.time.exposed_s += comm.exposed_s
 
     def summary(self) -> dict[str, Any]:
         steps = max(1, self.steps)
-        hidden = 1.0 - self.exposed_s / self.collective_s if self.collective_s > 0 else 0.0
         return {
             "steps": self.steps,
             "bytes_intra_per_step": self.bytes_intra / steps,
             "bytes_cross_per_step": self.bytes_cross / steps,
-            "collective_s_per_step": self.collective_s / steps,
-            "exposed_s_per_step": self.exposed_s / steps,
-            "hidden_share": round(max(0.0, hidden), 4),
+            "collective_s_per_step": self.time.collective_s / steps,
+            "exposed_s_per_step": self.time.exposed_s / steps,
+            "hidden_share": round(self.time.hidden_share, 4),
         }
 
 
@@ -332,7 +331,7 @@ def _open_exchange(config: WorkerConfig, params: Sequence[nn.Parameter], telemet
     )
     telemetry.emit(
         "comm",
-        policy=exchange.plan.label(),
+        policy=policy_label(exchange.plan),
         compression=exchange.plan.compression,
         reason=exchange.reason,
         hierarchical=exchange.reducer.layout.hierarchical,

@@ -20,9 +20,9 @@ from torch import nn
 from runtime.backends.local import find_free_port
 from runtime.backends.local.bench import run_emulated_ranks
 from runtime.comm.collectives import ring_allreduce
-from runtime.comm.reducer import CommPlan, GradientReducer, Layout
+from runtime.comm.reducer import GradientReducer, Layout
 from runtime.comm.transport import Transport
-from runtime.jobspec import WorkloadSpec, parse_comm
+from runtime.jobspec import CommSpec, WorkloadSpec, parse_comm
 from runtime.worker import WorkerConfig
 from runtime.worker.config import synthetic_mlp_param_count
 
@@ -63,7 +63,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, groups: list[int], s
             for hierarchical in (True, False):
                 for overlap in (True, False):
                     params = _params()
-                    plan = CommPlan("none", bucket_mb=0.01, overlap=overlap, hierarchical=hierarchical)
+                    plan = CommSpec("none", bucket_mb=0.01, overlap=overlap, hierarchical=hierarchical)
                     reducer = GradientReducer(params, plan, transport, Layout.of(groups, hierarchical))
                     before = transport.counters.snapshot()
                     reduced = _run_reducer(reducer, params, _grads(rank, 0))
@@ -89,7 +89,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, groups: list[int], s
             ).tolist()
         elif scenario == "error_feedback":
             params = _params()
-            plan = CommPlan("topk", density=0.05, warmup_steps=0, bucket_mb=0.01, hierarchical=True)
+            plan = CommSpec("topk", density=0.05, warmup_steps=0, bucket_mb=0.01, hierarchical=True)
             reducer = GradientReducer(params, plan, transport, Layout.of(groups, True))
             delivered = [torch.zeros(shape) for shape in SHAPES]
             for step in range(30):

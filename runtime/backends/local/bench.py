@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import runtime
-from runtime.backends.local.backend import _relative_speed
+from runtime.backends.base import Phase
+from runtime.backends.local.backend import LocalBackend, _relative_speed
 from runtime.worker.config import WorkerConfig
 
 if TYPE_CHECKING:
@@ -159,8 +160,9 @@ def run_emulated_ranks(
                 err.close()
 
 
-def step_events(path: Path) -> list[dict[str, Any]]:
-    """A rank's ``step`` events from its telemetry file, in step order (a line being written is skipped)."""
+def telemetry_events(path: Path, kind: str) -> list[dict[str, Any]]:
+    """A rank's events of one ``kind`` from its telemetry file, in file order (a line being written is
+    skipped)."""
     if not path.exists():
         return []
     events = []
@@ -169,9 +171,33 @@ def step_events(path: Path) -> list[dict[str, Any]]:
             event = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(event, dict) and event.get("kind") == "step":
+        if isinstance(event, dict) and event.get("kind") == kind:
             events.append(event)
-    return sorted(events, key=lambda e: e["step"])
+    return events
+
+
+def step_events(path: Path) -> list[dict[str, Any]]:
+    """A rank's ``step`` events from its telemetry file, in step order."""
+    return sorted(telemetry_events(path, "step"), key=lambda e: e["step"])
+
+
+def wait_for_jobs(backend: LocalBackend, handles: dict[str, dict[str, Any]], timeout_s: float) -> None:
+    """Wait until every job (name -> handle) has succeeded. A job that fails raises with its reason;
+    at the deadline the jobs still running are torn down and ``TimeoutError`` names them."""
+    deadline = time.monotonic() + timeout_s
+    pending = dict(handles)
+    while pending:
+        for job, handle in list(pending.items()):
+            observation = backend.observe(handle)
+            if observation.phase == Phase.SUCCEEDED:
+                del pending[job]
+            elif observation.phase in (Phase.FAILED, Phase.GONE):
+                raise RuntimeError(f"{job}: {observation.reason or observation.phase}")
+        if pending and time.monotonic() > deadline:
+            for handle in pending.values():
+                backend.teardown(handle)
+            raise TimeoutError(f"still running after {timeout_s} s: {', '.join(pending)}")
+        time.sleep(0.2)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
