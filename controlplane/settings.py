@@ -207,8 +207,19 @@ POLYCHIP_RUNS_DIR = Path(os.environ.get("POLYCHIP_RUNS_DIR", VAR_DIR / "runs"))
 POLYCHIP_ARTIFACTS_DIR = Path(os.environ.get("POLYCHIP_ARTIFACTS_DIR", VAR_DIR / "artifacts"))
 # Where workers send heartbeats and step telemetry: the control plane's own address.
 POLYCHIP_PUBLIC_URL = os.environ.get("POLYCHIP_PUBLIC_URL", "http://127.0.0.1:8000")
-# A running job whose workers sent nothing for this long is failed (recovery comes later).
-POLYCHIP_HEARTBEAT_TIMEOUT_S = float(os.environ.get("POLYCHIP_HEARTBEAT_TIMEOUT_S", "60"))
+# A running job whose workers sent nothing for this long is recovered (jobs.recovery). Workers send a
+# heartbeat every second; the local backend's supervisor also watches each rank's heartbeat itself
+# and reports a silent rank within seconds, so this is the last resort (a whole host gone).
+POLYCHIP_HEARTBEAT_TIMEOUT_S = float(os.environ.get("POLYCHIP_HEARTBEAT_TIMEOUT_S", "20"))
+# Where jobs' checkpoints go, one folder (or prefix) per job: a directory (file:///...) or an
+# S3-compatible bucket, s3://bucket/prefix[?endpoint=http://host:port] (pip install polychip[s3]).
+POLYCHIP_CHECKPOINT_URL = os.environ.get("POLYCHIP_CHECKPOINT_URL", f"file://{VAR_DIR / 'checkpoints'}")
+# The interval advisor's failure rate until the pool has run 100 device-hours of its own history:
+# about one failure a day per thousand devices, as large clusters report.
+POLYCHIP_DEVICE_FAILURES_PER_HOUR = float(os.environ.get("POLYCHIP_DEVICE_FAILURES_PER_HOUR", "0.00004"))
+# The local backend also keeps every telemetry event of each rank in its run folder (for benchmarks
+# and tests that read what a killed run did last; off by default: the files grow with the steps).
+POLYCHIP_LOCAL_TELEMETRY_FILES = os.environ.get("POLYCHIP_LOCAL_TELEMETRY_FILES", "") in ("1", "true", "yes")
 # The local backend pads each emulated step to samples * this / relative_speed milliseconds.
 POLYCHIP_LOCAL_SAMPLE_TIME_MS = float(os.environ.get("POLYCHIP_LOCAL_SAMPLE_TIME_MS", "0.5"))
 # The local backend slows the link between a job's vendor groups to this many Gbit/s, so that what

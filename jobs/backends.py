@@ -28,5 +28,6 @@ def get_backend() -> Backend:
             sample_time_ms=settings.POLYCHIP_LOCAL_SAMPLE_TIME_MS,
             link_gbit=None if gbit is None else float(gbit),
             link_shaping=settings.POLYCHIP_LOCAL_LINK_SHAPING,
+            telemetry_files=settings.POLYCHIP_LOCAL_TELEMETRY_FILES,
         )
     raise ValueError(f"POLYCHIP_BACKEND={settings.POLYCHIP_BACKEND!r} is not available yet; set POLYCHIP_BACKEND=local")

@@ -49,6 +49,9 @@ class JobView:
     balance: dict[str, Any] | None = None
     # How gradients travel: {requested, policy, reason, groups, link, per_step, ...}; see services.comm_view.
     comm: dict[str, Any] | None = None
+    restarts: int = 0
+    # Checkpoints, restarts, the last failure and restore, the interval advice; see recovery.recovery_view.
+    recovery: dict[str, Any] | None = None
 
     @property
     def progress(self) -> float:

@@ -74,6 +74,9 @@ class JobState(models.TextChoices):
     QUEUED = "queued"
     ADMITTED = "admitted"
     RUNNING = "running"
+    # A failure was detected (or the job was asked to move): its run is stopped, its devices given
+    # back, and it waits for new ones before it restores its newest checkpoint and goes on.
+    RECOVERING = "recovering"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -110,6 +113,12 @@ class TrainingJob(models.Model):
     preemptions = models.PositiveIntegerField(default=0)
     # Handles of earlier attempts the backend has not yet confirmed gone (see teardown).
     pending_teardowns = models.JSONField(default=list, blank=True)
+    # Recovery (jobs.recovery): restarts after failures (the spec's max_restarts bounds them), a
+    # pending request to checkpoint and move (drain, growing back, a predicted failure), and what the
+    # worker reported of its checkpoints and restores.
+    restarts = models.PositiveIntegerField(default=0)
+    stop_requested = models.CharField(max_length=300, blank=True)
+    recovery = models.JSONField(default=dict, blank=True)
 
     # Set by the one worker that won the right to launch the job (a claim; see services).
     provision_claimed_at = models.DateTimeField(null=True, blank=True)
@@ -181,6 +190,7 @@ class JobEvent(models.Model):
     class Kind(models.TextChoices):
         TRANSITION = "transition"
         PROGRESS = "progress"
+        RECOVERY = "recovery"  # a failure detected, a device marked, devices reallocated, a restore
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")

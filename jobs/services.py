@@ -8,7 +8,6 @@ ids, so running a task twice changes nothing the second time.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import logging
@@ -23,7 +22,7 @@ from django.utils import timezone
 
 from billing import services as billing
 from billing.contracts import UsageInterval
-from jobs import throughput
+from jobs import recovery, throughput
 from jobs.backends import get_backend
 from jobs.contracts import DeviceView, EventView, FlavorPoolView, JobView, QueuedJobView, QuotaUsageView
 from jobs.models import (
@@ -41,7 +40,7 @@ from jobs.models import (
 from jobs.telemetry import TelemetryEvent
 from runtime.backends.base import LaunchRequest, Phase, RankPlacement
 from runtime.inventory import Fabric, Pool, make_topology, rack_fat_tree
-from runtime.jobspec import JobSpec, SpecError, parse_balancing, parse_comm, parse_workload
+from runtime.jobspec import JobSpec, SpecError, parse_balancing, parse_checkpoint, parse_comm, parse_workload
 from runtime.scheduling import QuotaLedger
 from runtime.scheduling.model import MILLI, NAU
 
@@ -136,6 +135,8 @@ def to_view(job: TrainingJob, *, position: int | None = None) -> JobView:
         preemptions=job.preemptions,
         balance=balance_view(job),
         comm=comm_view(job),
+        restarts=job.restarts,
+        recovery=recovery.recovery_view(job),
     )
 
 
@@ -586,6 +587,8 @@ def _launch_request(job: TrainingJob) -> LaunchRequest:
         artifacts_dir=str(settings.POLYCHIP_ARTIFACTS_DIR / run_key(job)),
         balancing=parse_balancing(job.spec.get("balancing")).mode,
         comm=parse_comm(job.spec.get("comm")),
+        checkpoint=parse_checkpoint(job.spec.get("checkpoint")),
+        checkpoint_url=recovery.checkpoint_url(job),
     )
 
 
@@ -660,7 +663,7 @@ def finish_job(
     *,
     reason: str = "",
     message: str = "",
-    from_states: Iterable[str] = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING),
+    from_states: Iterable[str] = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING, JobState.RECOVERING),
     attempt: int | None = None,
 ) -> bool:
     """End a job in a terminal state, closing its allocations and metering their usage.
@@ -750,19 +753,28 @@ def observe_job(job_id: int) -> str:
     if job.state != JobState.RUNNING or not job.backend_handle:
         return job.state
     observation = get_backend().observe(job.backend_handle)
-    # What was observed is this attempt's news only: if the job was preempted meanwhile, the claim
-    # fails and its next attempt is untouched.
-    finish = functools.partial(finish_job, job_id, from_states=[JobState.RUNNING], attempt=job.attempt)
+    # What was observed is this attempt's news only: if the job was preempted or recovered meanwhile,
+    # the claim fails and its next attempt is untouched.
     if observation.phase == Phase.SUCCEEDED:
-        finish(JobState.SUCCEEDED, message="all ranks finished")
-    elif observation.phase == Phase.FAILED:
-        finish(JobState.FAILED, reason=observation.reason or "a rank failed")
+        finish_job(
+            job_id,
+            JobState.SUCCEEDED,
+            message="all ranks finished",
+            from_states=[JobState.RUNNING],
+            attempt=job.attempt,
+        )
+    elif observation.phase == Phase.STOPPED:
+        recovery.handle_stop(job_id, job.attempt)
     elif observation.phase == Phase.GONE:
-        finish(JobState.FAILED, reason="the backend no longer knows this job")
+        recovery.handle_failure(job_id, job.attempt, observation, reason="the backend no longer knows this run")
+    elif observation.phase == Phase.FAILED or observation.failure is not None:
+        # A failed rank is news as soon as the backend sees it, before the rest of the run is down.
+        recovery.handle_failure(job_id, job.attempt, observation)
     elif job.last_heartbeat_at and timezone.now() - job.last_heartbeat_at > timedelta(
         seconds=settings.POLYCHIP_HEARTBEAT_TIMEOUT_S
     ):
-        finish(JobState.FAILED, reason=f"no heartbeat for {settings.POLYCHIP_HEARTBEAT_TIMEOUT_S:.0f} s")
+        timeout = settings.POLYCHIP_HEARTBEAT_TIMEOUT_S
+        recovery.handle_failure(job_id, job.attempt, None, reason=f"no telemetry from the job for {timeout:.0f} s")
     return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
 
 
@@ -835,6 +847,9 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
                 comm = job.rank_stats.setdefault(COMM_KEY, {})
                 comm["ran" if event.kind == "comm" else "summary"] = event.comm
                 fields.add("rank_stats")
+            elif event.recovery is not None and event.rank == 0:
+                if recovery.fold_event(job, event.kind, event.ts, event.recovery):
+                    fields |= {"recovery", "steps_done"}
             elif event.kind == "finished" and event.rank == 0 and event.artifact:
                 job.artifact_path = event.artifact
                 fields.add("artifact_path")

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 from celery import shared_task
 
-from jobs import services
+from jobs import recovery, services
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,11 @@ def _each(job_ids: Iterable[int], action: Callable[[int], object], what: str) ->
 
 @shared_task(ignore_result=True)
 def observe_running_jobs() -> None:
-    """The sweep: observe what runs, relaunch what an admission left behind, finish teardowns."""
+    """The sweep: observe what runs (and recover what failed), give jobs that wait for devices after a
+    failure their next attempt, grow shrunk jobs back, relaunch what an admission left behind,
+    finish teardowns."""
     _each(services.running_job_ids(), services.observe_job, "observing")
+    _each(recovery.recovering_job_ids(), recovery.retry_recovering, "reallocating")
+    _each(recovery.shrunk_job_ids(), recovery.grow_back, "growing back")
     _each(services.stale_admitted_job_ids(), provision_job.delay, "re-provisioning")
     _each(services.untorn_job_ids(), teardown_job.delay, "tearing down")

@@ -14,7 +14,21 @@ from typing import Any
 from runtime.errors import FieldError
 
 KNOWN_KINDS = frozenset(
-    {"started", "heartbeat", "step", "finished", "failed", "rebalanced", "straggler", "comm", "comm_summary"}
+    {
+        "started",
+        "heartbeat",
+        "step",
+        "finished",
+        "failed",
+        "rebalanced",
+        "straggler",
+        "comm",
+        "comm_summary",
+        "checkpoint",
+        "restored",
+        "resumed",
+        "stopped",
+    }
 )
 
 
@@ -53,6 +67,10 @@ class TelemetryEvent:
     # its vendor groups and link; a step event's bytes and collective times; a "comm_summary" event's
     # per-step averages over the run. None when the event carries none of it.
     comm: dict[str, Any] | None = None
+    # Recovery (``runtime.worker.checkpointing``), checked by ``_recovery``: a "checkpoint" event's
+    # step, kind, stall and write times and size; a "restored" event's steps, mode and the checkpoints
+    # it skipped; a "resumed" event's first step after the restore.
+    recovery: dict[str, Any] | None = None
 
 
 def _number(event: dict[str, Any], key: str, where: str, *, whole: bool = False) -> Any:
@@ -171,6 +189,42 @@ def _comm(event: dict[str, Any], kind: str, where: str) -> dict[str, Any] | None
     return None
 
 
+def _recovery(event: dict[str, Any], kind: str, where: str) -> dict[str, Any] | None:
+    if kind == "checkpoint":
+        return {
+            "step": _number(event, "step", where, whole=True),
+            "checkpoint_kind": str(event.get("checkpoint_kind", ""))[:20],
+            "stall_ms": _number(event, "stall_ms", where),
+            "write_ms": _number(event, "write_ms", where),
+            "bytes": _number(event, "bytes", where, whole=True),
+            "background": _flag(event, "background", where),
+        }
+    if kind == "restored":
+        skipped = event.get("skipped") or []
+        if not isinstance(skipped, list):
+            raise InvalidTelemetry(f"{where}.skipped", "must be a list of {checkpoint, reason} objects")
+        return {
+            "step": _number(event, "step", where, whole=True),
+            "optimizer_step": _number(event, "optimizer_step", where, whole=True),
+            "mode": str(event.get("mode", ""))[:20],
+            "world_size": _number(event, "world_size", where, whole=True),
+            "saved_world_size": _number(event, "saved_world_size", where, whole=True),
+            "restore_s": _number(event, "restore_s", where),
+            "skipped": [
+                {"checkpoint": str(s.get("checkpoint", ""))[:60], "reason": str(s.get("reason", ""))[:200]}
+                for s in skipped[:20]
+                if isinstance(s, dict)
+            ],
+        }
+    if kind == "resumed":
+        return {
+            "step": _number(event, "step", where, whole=True),
+            "restored_step": _number(event, "restored_step", where, whole=True),
+            "restore_s": _number(event, "restore_s", where),
+        }
+    return None
+
+
 def parse_events(raw: Any) -> list[TelemetryEvent]:
     if not isinstance(raw, list):
         raise InvalidTelemetry("events", 'send {"events": [{...}, ...]}')
@@ -214,6 +268,7 @@ def parse_events(raw: Any) -> list[TelemetryEvent]:
                 measured_samples_per_s=_number(event, "measured_samples_per_s", where),
                 expected_samples_per_s=_number(event, "expected_samples_per_s", where),
                 comm=_comm(event, kind, where),
+                recovery=_recovery(event, kind, where),
             )
         )
     return events

@@ -18,6 +18,10 @@ BALANCING_MODES = ("dynamic", "static", "equal")
 # How gradients travel between ranks (``runtime.comm``): dense fp32, a cast, a sparse or low-rank code
 # with error feedback, or chosen from the measured link bandwidth and the model size.
 COMPRESSIONS = ("none", "fp16", "bf16", "topk", "powersgd", "auto")
+# What a restart restores when the newest weights are newer than the newest optimizer state
+# (``runtime.recovery.checkpoint``): those weights with the older optimizer state, or the last
+# checkpoint that has both.
+RESTORE_MODES = ("newest_weights", "last_full")
 MAX_DEVICES = 64
 MAX_PRIORITY = 1000
 
@@ -56,6 +60,20 @@ class CommSpec:
 
 
 @dataclass(frozen=True)
+class CheckpointSpec:
+    """Layered checkpoints: weights often, optimizer state less often (the reference article's
+    1,000 / 5,000 steps, scaled to the short jobs run here)."""
+
+    weights_every: int = 50  # steps between saves of the weights
+    optimizer_every: int = 250  # steps between saves of weights and optimizer state together
+    keep: int = 3  # the newest checkpoints kept; older ones are deleted
+    restore: str = "newest_weights"  # see RESTORE_MODES
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     devices: int
@@ -66,6 +84,11 @@ class JobSpec:
     priority: int = 0
     balancing: BalancingSpec = field(default_factory=BalancingSpec)
     comm: CommSpec = field(default_factory=CommSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    # After a failure the job restarts on whatever the pool offers, down to ``min_devices`` devices
+    # (None: all ``devices``), at most ``max_restarts`` times; one failure more ends it ``failed``.
+    min_devices: int | None = None
+    max_restarts: int = 3
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -164,11 +187,55 @@ def parse_comm(raw: Any) -> CommSpec:
     )
 
 
+def parse_checkpoint(raw: Any) -> CheckpointSpec:
+    if raw is None:
+        return CheckpointSpec()
+    if not isinstance(raw, dict):
+        raise SpecError("checkpoint", 'must be an object such as {"weights_every": 50, "optimizer_every": 250}')
+    _reject_unknown(raw, set(CheckpointSpec.__dataclass_fields__), "checkpoint.")
+    weights_every = _int(raw, "weights_every", "checkpoint.weights_every", 50, 1, 10_000_000)
+    optimizer_every = _int(raw, "optimizer_every", "checkpoint.optimizer_every", 250, 1, 10_000_000)
+    if optimizer_every % weights_every:
+        raise SpecError(
+            "checkpoint.optimizer_every",
+            f"must be a multiple of weights_every ({weights_every}), got {optimizer_every}: "
+            "every optimizer save is also a weights save",
+        )
+    restore = raw.get("restore", "newest_weights")
+    if restore not in RESTORE_MODES:
+        raise SpecError(
+            "checkpoint.restore",
+            f"{restore!r} is not a restore mode; use newest_weights (the newest weights with the newest "
+            "optimizer state at or before them) or last_full (the newest checkpoint that has both)",
+        )
+    return CheckpointSpec(
+        weights_every=weights_every,
+        optimizer_every=optimizer_every,
+        keep=_int(raw, "keep", "checkpoint.keep", 3, 1, 1000),
+        restore=restore,
+    )
+
+
 def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
     """Validate a job spec. ``known_flavors`` (when given) rejects flavors the pool lacks."""
     if not isinstance(raw, dict):
         raise SpecError("spec", "must be a JSON object with name, devices and flavors")
-    _reject_unknown(raw, {"name", "devices", "flavors", "workload", "priority", "balancing", "comm"}, "")
+    _reject_unknown(
+        raw,
+        {
+            "name",
+            "devices",
+            "flavors",
+            "workload",
+            "priority",
+            "balancing",
+            "comm",
+            "checkpoint",
+            "min_devices",
+            "max_restarts",
+        },
+        "",
+    )
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
         raise SpecError("name", 'required; give the job a short name such as "resnet-sweep-1"')
@@ -187,6 +254,9 @@ def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
     if workload.global_batch < devices:
         raise SpecError("workload.global_batch", f"must be at least devices ({devices}) so every device gets a sample")
     priority = _int(raw, "priority", "priority", 0, -MAX_PRIORITY, MAX_PRIORITY)
+    min_devices = raw.get("min_devices")
+    if min_devices is not None:
+        min_devices = _int(raw, "min_devices", "min_devices", devices, 1, devices)
     return JobSpec(
         name=name.strip(),
         devices=devices,
@@ -195,4 +265,7 @@ def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
         priority=priority,
         balancing=parse_balancing(raw.get("balancing")),
         comm=parse_comm(raw.get("comm")),
+        checkpoint=parse_checkpoint(raw.get("checkpoint")),
+        min_devices=min_devices,
+        max_restarts=_int(raw, "max_restarts", "max_restarts", 3, 0, 100),
     )

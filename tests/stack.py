@@ -44,6 +44,7 @@ def stack(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest
         POLYCHIP_VAR_DIR=str(tmp_path_factory.mktemp("var")),
         POLYCHIP_PUBLIC_URL=url,
         POLYCHIP_SWEEP_SECONDS="0.5",
+        POLYCHIP_LOCAL_TELEMETRY_FILES="1",
     )
     cli = [sys.executable, "-m", "controlplane.cli"]
     with django_db_blocker.unblock():

@@ -59,6 +59,8 @@ def job_json(job: JobView) -> dict[str, Any]:
         "ranks": _ranks(job),
         "balance": job.balance,
         "comm": job.comm,
+        "restarts": job.restarts,
+        "recovery": job.recovery,
         "artifact": job.artifact_path or None,
     }
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from runtime.jobspec import CommSpec, WorkloadSpec
+from runtime.jobspec import CheckpointSpec, CommSpec, WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,10 @@ class LaunchRequest:
     balancing: str = "dynamic"
     # How gradients travel: compression policy, buckets, hierarchy (``runtime.comm``).
     comm: CommSpec = field(default_factory=CommSpec)
+    # Layered checkpoints and where they go (a directory or s3://...): one store per job, across its
+    # attempts, so that each attempt starts from the newest checkpoint any earlier one left.
+    checkpoint: CheckpointSpec | None = None
+    checkpoint_url: str | None = None
 
 
 def vendor_groups(placements: tuple[RankPlacement, ...]) -> tuple[int, ...]:
@@ -57,6 +61,7 @@ class Phase(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    STOPPED = "stopped"  # every rank saved a checkpoint and stopped on request (``Backend.request_stop``)
     GONE = "gone"  # the backend knows nothing of this handle any more
 
 
@@ -68,10 +73,29 @@ class RankState:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """The first rank to fail on its own, as the backend detected it."""
+
+    rank: int
+    # "exit" (ended with an error), "signal" (killed: the device or its host went away), "heartbeat"
+    # (its heartbeats stopped; the backend killed it), "gone" (the backend lost the whole run).
+    cause: str
+    detected_at: float  # unix time of the detection
+    exit_code: int | None = None
+
+    @property
+    def device_suspect(self) -> bool:
+        """Whether the device, not the program, is the likely cause: a crash or silence, not an exception."""
+        return self.cause in ("signal", "heartbeat")
+
+
+@dataclass(frozen=True)
 class Observation:
     phase: Phase
     ranks: tuple[RankState, ...] = ()
     reason: str = ""
+    # Set as soon as a rank failed, even while the others are still being stopped (phase RUNNING).
+    failure: Failure | None = None
 
 
 class Backend(Protocol):
@@ -85,4 +109,8 @@ class Backend(Protocol):
 
     def teardown(self, handle: dict[str, Any]) -> None:
         """Stop everything the handle names; safe to call twice or on a finished job."""
+        ...
+
+    def request_stop(self, handle: dict[str, Any], reason: str) -> None:
+        """Ask the job's ranks to save a full checkpoint and stop (phase ``STOPPED``); idempotent."""
         ...

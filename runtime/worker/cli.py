@@ -1,7 +1,8 @@
 """Command line of the worker: ``python -m runtime.worker --config PATH``.
 
 Exit codes: 0 trained to the end; 1 training failed; 2 the config is unusable; 3 a peer rank was lost
-(a collective failed because another rank died: a victim, not the cause); 143 terminated by SIGTERM.
+(a collective failed because another rank died: a victim, not the cause); 4 stopped on request after a
+full checkpoint (a drain or a preemption: not a failure); 143 terminated by SIGTERM.
 The last line on stderr of a failed worker says why, for whoever shows the tail.
 """
 
@@ -23,6 +24,7 @@ from runtime.worker.config import ConfigError, StepHook, load_config
 EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2
 EXIT_PEER_LOST = 3
+EXIT_STOPPED = 4
 EXIT_TERMINATED = 143
 
 # What gloo says when the other end of a collective went away.
@@ -58,11 +60,15 @@ def run_config_file(path: str | Path, step_hooks: Sequence[StepHook] = ()) -> in
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
     prefix = f"polychip worker {config.job_id} rank {config.rank}"
-    try:
-        # Imported here so that a bad config is reported without paying for torch's import.
-        from runtime.worker.train import run
+    # Imported here so that a bad config is reported without paying for torch's import.
+    from runtime.worker.checkpointing import Stopped
+    from runtime.worker.train import run
 
+    try:
         result = run(config, step_hooks)
+    except Stopped as exc:
+        print(f"{prefix}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_STOPPED
     except Terminated as exc:
         print(f"{prefix}: {exc}", file=sys.stderr, flush=True)
         return EXIT_TERMINATED

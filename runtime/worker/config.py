@@ -16,12 +16,23 @@ from typing import Any
 from runtime.balancing import Balancer, BalancerConfig, BalancingError, Split, max_micro_batch
 from runtime.comm.link import LinkEmulation
 from runtime.errors import FieldError
-from runtime.jobspec import CommSpec, SpecError, WorkloadSpec, parse_comm, parse_workload
+from runtime.jobspec import (
+    CheckpointSpec,
+    CommSpec,
+    SpecError,
+    WorkloadSpec,
+    parse_checkpoint,
+    parse_comm,
+    parse_workload,
+)
 
 # The shape of the built-in synthetic-mlp task (``runtime.worker.workload`` imports these; kept here,
 # free of torch, for the memory model below).
 INPUT_DIM = 32
 NUM_CLASSES = 10
+
+
+RENDEZVOUS_MODES = ("rank0", "store_host")
 
 
 class ConfigError(FieldError):
@@ -53,8 +64,9 @@ StepHook = Callable[[StepInfo], None]
 @dataclass(frozen=True)
 class TrainResult:
     steps: int
+    first_step: int  # 1, or the step after the checkpoint this run resumed from
     final_loss: float  # global mean loss of the last step
-    losses: list[float]  # global mean loss of every step, in order
+    losses: list[float]  # global mean loss of every step this run took (from first_step), in order
     artifact: str | None  # path of the saved model (rank 0 only)
     wall_time_s: float
     comm: dict[str, Any] = field(default_factory=dict)  # this rank's exchange: bytes, times (runtime.comm)
@@ -90,6 +102,18 @@ class WorkerConfig:
     comm: CommSpec = field(default_factory=CommSpec)
     vendor_groups: tuple[int, ...] | None = None
     link: LinkEmulation = field(default_factory=LinkEmulation)
+    # Recovery (``runtime.recovery``). With a checkpoint store, rank 0 saves layered checkpoints there
+    # and every start first restores the newest usable one (whatever world size wrote it).
+    checkpoint: CheckpointSpec | None = None
+    checkpoint_url: str | None = None
+    checkpoint_background: bool = True  # False: save in the training thread (for measuring the stall)
+    # "rank0": rank 0 hosts the c10d store (its death takes the rendezvous down with it); "store_host":
+    # a process of its own hosts it at master_addr:master_port and every rank is a client.
+    rendezvous: str = "rank0"
+    # Touched by the telemetry thread with every heartbeat, for a supervisor on this host to watch.
+    heartbeat_file: str | None = None
+    # A JSON file whose appearance asks the job to checkpoint and stop ({"action": "stop", "reason": ...}).
+    control_file: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -107,6 +131,7 @@ class WorkerConfig:
         data["comm"] = self.comm.to_json()
         data["vendor_groups"] = list(self.vendor_groups) if self.vendor_groups is not None else None
         data["link"] = self.link.to_json()
+        data["checkpoint"] = self.checkpoint.to_json() if self.checkpoint is not None else None
         return {**extra, **data}
 
 
@@ -279,6 +304,19 @@ def parse_config(raw: Any) -> WorkerConfig:
     telemetry_file = _check_type(raw, "telemetry_file", str, optional=True)
     fail_at_step = _check_type(raw, "fail_at_step", int, optional=True)
     comm, vendor_groups, link = _parse_comm(raw, world_size)
+    checkpoint = None
+    if raw.get("checkpoint") is not None:
+        try:
+            checkpoint = parse_checkpoint(raw["checkpoint"])
+        except SpecError as exc:
+            raise ConfigError(exc.field, exc.message) from None
+    checkpoint_url = _check_type(raw, "checkpoint_url", str, optional=True)
+    checkpoint_background = _check_type(raw, "checkpoint_background", bool, optional=True)
+    rendezvous = _check_type(raw, "rendezvous", str, optional=True) or "rank0"
+    if rendezvous not in RENDEZVOUS_MODES:
+        raise ConfigError("rendezvous", f"{rendezvous!r}; use one of {', '.join(RENDEZVOUS_MODES)}")
+    heartbeat_file = _check_type(raw, "heartbeat_file", str, optional=True)
+    control_file = _check_type(raw, "control_file", str, optional=True)
     timeout = _check_type(raw, "collective_timeout_s", (int, float), optional=True)
     if timeout is not None and (isinstance(timeout, bool) or timeout <= 0):
         raise ConfigError("collective_timeout_s", f"must be a positive number of seconds, got {timeout!r}")
@@ -296,6 +334,12 @@ def parse_config(raw: Any) -> WorkerConfig:
         "comm",
         "vendor_groups",
         "link",
+        "checkpoint",
+        "checkpoint_url",
+        "checkpoint_background",
+        "rendezvous",
+        "heartbeat_file",
+        "control_file",
     }
     return WorkerConfig(
         job_id=raw["job_id"],
@@ -320,6 +364,12 @@ def parse_config(raw: Any) -> WorkerConfig:
         comm=comm,
         vendor_groups=vendor_groups,
         link=link,
+        checkpoint=checkpoint,
+        checkpoint_url=checkpoint_url or None,
+        checkpoint_background=checkpoint_background if checkpoint_background is not None else True,
+        rendezvous=rendezvous,
+        heartbeat_file=heartbeat_file or None,
+        control_file=control_file or None,
         # Unknown keys are kept, not rejected, so a newer control plane can talk to an older worker.
         extra={k: v for k, v in raw.items() if k not in known},
     )

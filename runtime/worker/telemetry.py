@@ -7,7 +7,8 @@ every half second, appends the queued events to the JSON-lines file (if any) and
 HTTP failures are tolerated: a batch is retried with backoff a bounded number of times and then
 dropped (counted, warned once on stderr); client errors other than 408/429 are not retried. The
 queue of unsent events is bounded too, so a long outage costs the oldest events, not memory.
-``close`` stops the thread and makes one last, time-bounded flush.
+``close`` stops the thread and makes one last, time-bounded flush. With ``heartbeat_file`` each
+heartbeat also touches that file, for a supervisor on the same host (``runtime.backends.local``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Telemetry:
         url: str | None = None,
         token: str = "",
         file: str | None = None,
+        heartbeat_file: str | None = None,
         flush_interval_s: float = FLUSH_INTERVAL_S,
         heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
         post: PostFn | None = None,
@@ -67,6 +69,7 @@ class Telemetry:
         self._url = url
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._file = file
+        self._heartbeat_file = heartbeat_file
         self._flush_interval_s = flush_interval_s
         self._heartbeat_interval_s = heartbeat_interval_s
         self._post = post
@@ -97,6 +100,7 @@ class Telemetry:
 
     def start(self) -> None:
         if self._thread is None:
+            self._touch_heartbeat_file()
             self._thread = threading.Thread(target=self._loop, name="polychip-telemetry", daemon=True)
             self._thread.start()
 
@@ -140,6 +144,7 @@ class Telemetry:
             now = time.monotonic()
             if now >= next_heartbeat:
                 self.emit("heartbeat", step=self._progress)
+                self._touch_heartbeat_file()
                 next_heartbeat = now + self._heartbeat_interval_s
             if now >= next_flush:
                 try:
@@ -163,6 +168,18 @@ class Telemetry:
             self._warn("overflow", f"telemetry: ingest unreachable, dropping oldest events ({overflow})")
         if self._unsent and self._monotonic() >= self._next_attempt_at:
             self._send_batch(timeout_s=POST_TIMEOUT_S)
+
+    def _touch_heartbeat_file(self) -> None:
+        # Its modification time is the heartbeat a supervisor on this host watches: a process that
+        # is stopped or wedged stops touching it, while its sockets may look alive for minutes.
+        if not self._heartbeat_file:
+            return
+        try:
+            with open(self._heartbeat_file, "a"):
+                pass
+            os.utime(self._heartbeat_file)
+        except OSError as exc:
+            self._warn("heartbeat_file", f"telemetry: cannot touch {self._heartbeat_file}: {exc}")
 
     def _take_queue(self) -> list[dict[str, Any]]:
         with self._lock:

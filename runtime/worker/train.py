@@ -34,7 +34,7 @@ import zlib
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,15 @@ from runtime.balancing import Balancer, Decision, Split
 from runtime.comm.collectives import ring_allreduce
 from runtime.comm.reducer import StepComm, exchange_still_running, policy_label
 from runtime.comm.session import Exchange, open_exchange
+from runtime.recovery.checkpoint import Checkpointer
+from runtime.worker.checkpointing import (
+    Stopped,
+    checkpoint_meta,
+    make_checkpointer,
+    open_store_for,
+    restore,
+    stop_request,
+)
 from runtime.worker.config import StepHook, StepInfo, TrainResult, WorkerConfig, initial_split, make_balancer
 from runtime.worker.telemetry import Telemetry
 from runtime.worker.workload import SyntheticDataset, build_student, make_optimizer
@@ -69,17 +78,12 @@ def run(config: WorkerConfig, step_hooks: Sequence[StepHook] = ()) -> TrainResul
         url=config.telemetry_url,
         token=config.telemetry_token,
         file=config.telemetry_file,
+        heartbeat_file=config.heartbeat_file,
     )
     telemetry.start()
     group_ready = False
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://{config.master_addr}:{config.master_port}",
-            rank=config.rank,
-            world_size=config.world_size,
-            timeout=timedelta(seconds=config.collective_timeout_s),
-        )
+        _init_process_group(config)
         group_ready = True
         telemetry.emit(
             "started",
@@ -97,6 +101,9 @@ def run(config: WorkerConfig, step_hooks: Sequence[StepHook] = ()) -> TrainResul
             finished["artifact"] = result.artifact
         telemetry.emit("finished", **finished)
         return result
+    except Stopped as exc:
+        telemetry.emit("stopped", reason=str(exc))
+        raise
     except BaseException as exc:
         telemetry.emit("failed", error=f"{type(exc).__name__}: {exc}"[:2000])
         raise
@@ -110,6 +117,29 @@ def run(config: WorkerConfig, step_hooks: Sequence[StepHook] = ()) -> TrainResul
             # Tearing down after a failure must not mask the original error.
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+
+
+def _init_process_group(config: WorkerConfig) -> None:
+    timeout = timedelta(seconds=config.collective_timeout_s)
+    if config.rendezvous == "store_host":
+        # The store lives in a process of its own (runtime.recovery.storehost): every rank is a
+        # client, so no rank's death takes the rendezvous down.
+        store = dist.TCPStore(config.master_addr, config.master_port, world_size=None, is_master=False, timeout=timeout)
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(config.job_id, store),
+            rank=config.rank,
+            world_size=config.world_size,
+            timeout=timeout,
+        )
+        return
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{config.master_addr}:{config.master_port}",
+        rank=config.rank,
+        world_size=config.world_size,
+        timeout=timeout,
+    )
 
 
 class _Rebalancer:
@@ -181,6 +211,12 @@ def _train(
     model = build_student(spec.hidden, spec.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, spec.lr)
+    store = open_store_for(config)
+    resumed = restore(config, store, model, optimizer, telemetry)
+    checkpointer = make_checkpointer(config, store, telemetry)
+    if checkpointer is not None:
+        # Registered before the exchange's close, so it runs after it: an in-flight save completes.
+        cleanup.callback(checkpointer.close)
     split = initial_split(config)
     # Every rank runs the same balancer on the same all-reduced speeds, so every rank reaches the same
     # decision without another collective; the split fingerprints in the next all-reduce prove it.
@@ -196,7 +232,8 @@ def _train(
     transport = exchange.transport
     totals = _CommTotals()
 
-    for step in range(1, spec.steps + 1):
+    first_step = resumed.step + 1
+    for step in range(first_step, spec.steps + 1):
         step_started = time.monotonic()
         if config.fail_at_step == step:
             raise InjectedFailure(f"injected failure at step {step} (fail_at_step)")
@@ -227,19 +264,28 @@ def _train(
         comm = exchange.reducer.finish()  # the gradients are now the sums over all ranks
         # The loss, everyone's own speed and split fingerprint. Each speed and fingerprint slot has
         # one writer, so its sum is that rank's value on every rank.
-        extra = torch.zeros(1 + 2 * world, dtype=torch.float32)
+        # The last slot: how many ranks were asked to stop (a drain, a preemption), so that every
+        # rank stops after the same step.
+        extra = torch.zeros(2 + 2 * world, dtype=torch.float32)
         extra[0] = loss_sum
         extra[1 + config.rank] = own_rate
         extra[1 + world + config.rank] = split_fingerprint(split)
+        stop_reason = stop_request(config)
+        extra[1 + 2 * world] = 1.0 if stop_reason is not None else 0.0
         sums = ring_allreduce(transport, exchange.all_ranks(), extra).tolist()
         optimizer.step()
         moved = transport.counters.since(before)
         totals.add(comm, moved.intra_bytes, moved.cross_bytes)
         loss = sums[0] / spec.global_batch
         speeds = sums[1 : 1 + world]
-        if len(set(sums[1 + world :])) > 1:
-            raise RuntimeError(f"step {step}: the ranks disagree on the split (fingerprints {sums[1 + world :]})")
+        if len(set(sums[1 + world : 1 + 2 * world])) > 1:
+            fingerprints = sums[1 + world : 1 + 2 * world]
+            raise RuntimeError(f"step {step}: the ranks disagree on the split (fingerprints {fingerprints})")
         losses.append(loss)
+        if checkpointer is not None:
+            checkpointer.maybe_save(
+                step, model, optimizer, checkpoint_meta(config, step, dataset.batches_per_epoch, loss)
+            )
 
         step_split = split
         decision: Decision | None = None
@@ -278,9 +324,15 @@ def _train(
                 fields["predicted"] = [round(p, 3) for p in decision.predicted]
                 fields["efficiency"] = round(decision.efficiency, 4)
         telemetry.emit("step", **fields)
+        if step == first_step and resumed.step > 0 and config.rank == 0:
+            telemetry.emit("resumed", step=step, restored_step=resumed.step, restore_s=round(resumed.restore_s, 4))
+        if sums[1 + 2 * world] > 0:
+            _stop_after(config, step, checkpointer, model, optimizer, dataset, loss, stop_reason)
 
     comm_summary = totals.summary()
     telemetry.emit("comm_summary", **comm_summary)
+    if checkpointer is not None:
+        checkpointer.close()  # every save is on disk before the run reports success
     artifact: str | None = None
     if config.rank == 0:
         artifact = str(save_model(model, Path(config.artifacts_dir)))
@@ -288,12 +340,38 @@ def _train(
     dist.barrier()
     return TrainResult(
         steps=spec.steps,
+        first_step=first_step,
         final_loss=losses[-1] if losses else float("nan"),
         losses=losses,
         artifact=artifact,
         wall_time_s=time.monotonic() - started,
         comm=comm_summary,
     )
+
+
+def _stop_after(
+    config: WorkerConfig,
+    step: int,
+    checkpointer: Checkpointer | None,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: SyntheticDataset,
+    loss: float,
+    reason: str | None,
+) -> NoReturn:
+    """Every rank saw the stop request in the same step's all-reduce: save everything, then stop."""
+    if checkpointer is not None:
+        checkpointer.wait()
+        if not any(r.step == step and r.kind == "full" for r in checkpointer.records):
+            meta = checkpoint_meta(config, step, dataset.batches_per_epoch, loss)
+            checkpointer.save(step, "full", model, optimizer, meta)
+        checkpointer.close()
+        if not any(r.step == step and r.kind == "full" for r in checkpointer.records):
+            # A stop without its checkpoint would throw work away: report it as the failure it is.
+            raise RuntimeError(f"the checkpoint before stopping failed: {checkpointer.last_error}")
+    # Nobody exits before rank 0's checkpoint is on disk.
+    dist.barrier()
+    raise Stopped(f"stopped after step {step} with a full checkpoint: {reason or 'another rank was asked to stop'}")
 
 
 class _CommTotals:

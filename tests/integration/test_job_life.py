@@ -133,9 +133,9 @@ def test_cancelling_a_running_job_stops_its_processes_and_meters_it(api_for, ten
     assert processes_mentioning(job.backend_handle["run_dir"]) == []
 
 
-def test_a_rank_that_dies_fails_the_job_with_its_reason_and_meters_it(api_for, tenants, pool):
+def test_a_rank_that_dies_fails_a_job_without_restarts_left_with_its_reason_and_meters_it(api_for, tenants, pool):
     api = api_for(tenants[0].token)
-    job_id = api.post("/api/v1/jobs", {**SPEC, "workload": {"steps": 100_000}}).json()["id"]
+    job_id = api.post("/api/v1/jobs", {**SPEC, "workload": {"steps": 100_000}, "max_restarts": 0}).json()["id"]
     api.wait_for(job_id, {"running"})
     _wait(lambda: api.get(f"/api/v1/jobs/{job_id}").json()["progress"]["steps_done"] > 0)
     run_dir = TrainingJob.objects.get(pk=job_id).backend_handle["run_dir"]
@@ -145,7 +145,7 @@ def test_a_rank_that_dies_fails_the_job_with_its_reason_and_meters_it(api_for, t
 
     job = api.wait_for(job_id, {"succeeded", "failed", "cancelled"}, timeout_s=60)
     assert job["state"] == "failed"
-    assert "rank 1" in job["failure_reason"]
+    assert "rank 1" in job["failure_reason"] and "gave up after 0 restart(s) (max_restarts 0)" in job["failure_reason"]
     events = list(JobEvent.objects.filter(job_id=job_id, kind="transition").values_list("to_state", "data"))
     assert events[-1] == ("failed", {"reason": job["failure_reason"]})
     assert UsageRecord.objects.filter(job_id=job_id).count() == 2

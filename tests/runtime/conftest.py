@@ -20,7 +20,7 @@ from tests.processes import processes_mentioning  # noqa: F401  (used by the tes
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_POOL = REPO / "runtime" / "pools" / "demo.yaml"
-FINAL = (Phase.SUCCEEDED, Phase.FAILED, Phase.GONE)
+FINAL = (Phase.SUCCEEDED, Phase.FAILED, Phase.STOPPED, Phase.GONE)
 
 
 def wait_until_final(backend: LocalBackend, handle: dict[str, Any], timeout_s: float) -> Observation:

@@ -8,6 +8,9 @@ Layout of a run directory ``RUNS_DIR/<job_id>/``:
 - ``status.json``: phase, reason and per-rank pid / exit code, kept by the supervisor;
 - ``rank<N>.out``, ``rank<N>.err``: each rank's output;
 - ``speed.rank<N>`` (optional): a float that overrides rank N's relative speed while it runs;
+- ``heartbeat.rank<N>``: touched by rank N every second; the supervisor kills a rank that goes silent;
+- ``control.json`` (on request): asks the ranks to checkpoint and stop (``request_stop``);
+- ``storehost.out``, ``storehost.err``: the c10d store's own process;
 - ``telemetry.rank<N>.jsonl`` (when ``telemetry_files`` is on): every telemetry event of rank N.
 
 Handles are ``{"backend": "local", "run_dir": str, "job_id": str}``: any process on this host can
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import runtime
-from runtime.backends.base import LaunchRequest, Observation, Phase, RankState, vendor_groups
+from runtime.backends.base import Failure, LaunchRequest, Observation, Phase, RankState, vendor_groups
 from runtime.backends.local import netem
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
 from runtime.backends.local.procs import pid_alive, signal_group, signal_pid
@@ -51,7 +54,8 @@ _RANK_MODULE = "runtime.backends.local.rank"
 _START_TIMEOUT_S = 15.0
 # A run dir with a launch lock but no supervisor pid after this long was abandoned mid-launch.
 _STARTUP_GRACE_S = 60.0
-_FINAL_PHASES = {"succeeded": Phase.SUCCEEDED, "failed": Phase.FAILED}
+_FINAL_PHASES = {"succeeded": Phase.SUCCEEDED, "failed": Phase.FAILED, "stopped": Phase.STOPPED}
+CONTROL_FILE = "control.json"
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -93,6 +97,8 @@ class LocalBackend:
         worker_overrides: dict[int, dict[str, Any]] | None = None,
         link_gbit: float | None = None,
         link_shaping: str = "auto",
+        collective_timeout_s: float = 30.0,
+        heartbeat_timeout_s: float = 4.0,
     ) -> None:
         """``profiles`` maps flavor -> {"relative_speed": float} (``Pool.local_profiles``).
 
@@ -105,6 +111,11 @@ class LocalBackend:
         compression shows on one host (loopback is too fast for it to pay). ``link_shaping``: ``netns``
         (real shaping, ``tc`` in network namespaces; needs root), ``token_bucket`` (the ranks' own
         transport waits), or ``auto`` (netns where the machine allows it, else the token bucket).
+
+        Failure handling: ``collective_timeout_s`` bounds how long a rank waits for its peers (gloo's
+        default of 30 minutes turns a lost peer into a hang); the supervisor kills a rank whose
+        heartbeats stop for ``heartbeat_timeout_s`` (they come every second); the c10d store runs in
+        a process of its own, so no rank's death takes the rendezvous down.
         """
         if sample_time_ms < 0:
             raise ValueError(f"sample_time_ms must be >= 0, got {sample_time_ms}")
@@ -121,6 +132,10 @@ class LocalBackend:
             raise ValueError(f"link_shaping: {link_shaping!r}; use auto, netns or token_bucket")
         self.link_gbit = link_gbit
         self.link_shaping = link_shaping
+        if not collective_timeout_s > 0 or not heartbeat_timeout_s > 0:
+            raise ValueError("collective_timeout_s and heartbeat_timeout_s must be > 0 seconds")
+        self.collective_timeout_s = float(collective_timeout_s)
+        self.heartbeat_timeout_s = float(heartbeat_timeout_s)
 
     def link_for(self, groups: Sequence[int]) -> LinkEmulation:
         """How this backend emulates the cross-group link for a job whose ranks are in ``groups``."""
@@ -202,7 +217,7 @@ class LocalBackend:
             fabric = netem.FabricPlan.for_job(
                 request.job_id, len(set(groups)), link.gbit, key=str(run_dir), in_use=netem.subnets_in_use()
             )
-            # Rank 0 hosts the store inside its group's namespace, reachable at that group's address.
+            # The store's process runs inside rank 0's group's namespace, at that group's address.
             master_addr = fabric.address(groups[0])
         micro: tuple[int, ...] = ()
         entries = []
@@ -228,6 +243,12 @@ class LocalBackend:
                 comm=request.comm,
                 vendor_groups=groups,
                 link=link,
+                collective_timeout_s=self.collective_timeout_s,
+                checkpoint=request.checkpoint,
+                checkpoint_url=request.checkpoint_url,
+                rendezvous="store_host",
+                heartbeat_file=str(run_dir / f"heartbeat.rank{rank}"),
+                control_file=str(run_dir / CONTROL_FILE),
             )
             micro = micro or initial_split(worker).per_rank()
             config = {**worker.to_dict(), "micro_batches": list(micro)}
@@ -240,6 +261,7 @@ class LocalBackend:
                     "config": str(config_path),
                     "speed": speeds[rank],
                     "speed_file": str(run_dir / f"speed.rank{rank}"),
+                    "heartbeat_file": config["heartbeat_file"],
                 }
             )
         atomic_write_json(
@@ -249,6 +271,8 @@ class LocalBackend:
                 "python": self.python,
                 "sample_time_ms": self.sample_time_ms,
                 "grace_s": self.grace_s,
+                "heartbeat_timeout_s": self.heartbeat_timeout_s,
+                "store_host": {"host": master_addr, "port": port},
                 "vendor_groups": list(groups),
                 "link": link.to_json(),
                 "link_note": link_note,
@@ -314,7 +338,8 @@ class LocalBackend:
                 phase=Phase.FAILED, reason=f"the supervisor never started ({age:.0f} s since the launch was claimed)"
             )
         if pid_alive(pid, str(run_dir)):
-            return Observation(phase=Phase.RUNNING, ranks=ranks)
+            reason = str(status.get("reason", "")) if isinstance(status, dict) else ""
+            return Observation(phase=Phase.RUNNING, ranks=ranks, reason=reason, failure=_failure(status))
         # It may have written the final status just before exiting.
         final = self._final_status(run_dir)
         if final is not None:
@@ -328,7 +353,10 @@ class LocalBackend:
         if not isinstance(status, dict) or status.get("phase") not in _FINAL_PHASES:
             return None
         return Observation(
-            phase=_FINAL_PHASES[status["phase"]], ranks=_rank_states(status), reason=str(status.get("reason", ""))
+            phase=_FINAL_PHASES[status["phase"]],
+            ranks=_rank_states(status),
+            reason=str(status.get("reason", "")),
+            failure=_failure(status),
         )
 
     # -- teardown ----------------------------------------------------------------------------------
@@ -387,6 +415,12 @@ class LocalBackend:
         data.update({"phase": "failed", "reason": reason, "updated_at": time.time()})
         atomic_write_json(run_dir / STATUS_FILE, data)
 
+    def request_stop(self, handle: dict[str, Any], reason: str) -> None:
+        """Ask the ranks to save a full checkpoint and stop: they look for the control file every step."""
+        run_dir = self._run_dir(handle)
+        if run_dir.is_dir():
+            atomic_write_json(run_dir / CONTROL_FILE, {"action": "stop", "reason": reason, "at": time.time()})
+
     # -- benchmarks --------------------------------------------------------------------------------
 
     def benchmark_flavors(
@@ -437,6 +471,22 @@ def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
     except (OSError, ValueError):
+        return None
+
+
+def _failure(status: Any) -> Failure | None:
+    failure = status.get("failure") if isinstance(status, dict) else None
+    if not isinstance(failure, dict):
+        return None
+    try:
+        code = failure.get("exit_code")
+        return Failure(
+            rank=int(failure["rank"]),
+            cause=str(failure["cause"]),
+            detected_at=float(failure["detected_at"]),
+            exit_code=code if isinstance(code, int) else None,
+        )
+    except (KeyError, TypeError, ValueError):
         return None
 
 

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 from runtime.backends.local import netem
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
 from runtime.backends.local.procs import die_with_parent, signal_pid
-from runtime.worker.cli import EXIT_BAD_CONFIG, EXIT_PEER_LOST
+from runtime.worker.cli import EXIT_BAD_CONFIG, EXIT_PEER_LOST, EXIT_STOPPED
 
 LAUNCH_FILE = "launch.json"
 STATUS_FILE = "status.json"
@@ -49,6 +49,10 @@ PID_FILE = "supervisor.pid"
 STOP_FILE = "stop"
 POLL_S = 0.05
 DEFAULT_GRACE_S = 5.0
+# A rank whose heartbeat file is older than this is declared failed and killed: a stopped or wedged
+# process keeps its sockets open, so its peers would otherwise wait out the collective timeout.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 4.0
+STORE_HOST_READY_S = 30.0
 
 
 @dataclass
@@ -61,6 +65,11 @@ class _Rank:
     exit_code: int | None = None
     exited_at: float | None = None
     terminated_by_us: bool = False
+    heartbeat_file: Path | None = None
+    # Why the supervisor declared this rank failed, and when (wall clock): "exit" (it ended with an
+    # error code), "signal" (killed), "heartbeat" (its heartbeats stopped; the supervisor killed it).
+    cause: str | None = None
+    detected_at: float | None = None
 
 
 def _describe_exit(code: int) -> str:
@@ -70,7 +79,11 @@ def _describe_exit(code: int) -> str:
         except ValueError:
             name = f"signal {-code}"
         return f"was killed by {name}"
-    meaning = {EXIT_BAD_CONFIG: " (unusable config)", EXIT_PEER_LOST: " (lost a peer)"}.get(code, "")
+    meaning = {
+        EXIT_BAD_CONFIG: " (unusable config)",
+        EXIT_PEER_LOST: " (lost a peer)",
+        EXIT_STOPPED: " (stopped on request after a checkpoint)",
+    }.get(code, "")
     return f"exited with code {code}{meaning}"
 
 
@@ -90,6 +103,10 @@ class Supervisor:
         self.relay_ports: set[int] = set()
         self.fabric: netem.Fabric | None = None
         self.relays: list[netem.LoopbackRelay] = []
+        self.heartbeat_timeout_s = DEFAULT_HEARTBEAT_TIMEOUT_S
+        # The c10d store's own process (launch.json "store_host": {"host", "port"}), when the ranks use one.
+        self.store_host: tuple[str, int] | None = None
+        self.store_proc: subprocess.Popen[bytes] | None = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stop_reason is None:
@@ -106,11 +123,29 @@ class Supervisor:
                 "started_at": self.started_at,
                 "updated_at": time.time(),
                 "ranks": [
-                    {"rank": r.rank, "pid": r.proc.pid if r.proc else None, "exit_code": r.exit_code}
+                    {
+                        "rank": r.rank,
+                        "pid": r.proc.pid if r.proc else None,
+                        "exit_code": r.exit_code,
+                        **({"cause": r.cause, "detected_at": r.detected_at} if r.cause else {}),
+                    }
                     for r in self.ranks
                 ],
+                **({"failure": failure} if (failure := self._first_failure()) else {}),
             },
         )
+
+    def _first_failure(self) -> dict[str, object] | None:
+        """The culprit's rank, cause and detection time, for whoever recovers the job."""
+        culprit = self._culprit()
+        if culprit is None or culprit.cause is None:
+            return None
+        return {
+            "rank": culprit.rank,
+            "cause": culprit.cause,
+            "detected_at": culprit.detected_at,
+            "exit_code": culprit.exit_code,
+        }
 
     def load(self) -> str | None:
         """Read launch.json; returns an error message when it is unusable."""
@@ -136,7 +171,20 @@ class Supervisor:
                 if entry.get("speed_file"):
                     argv += ["--speed-file", str(entry["speed_file"])]
                 rank = int(entry["rank"])
-                self.ranks.append(_Rank(rank, argv, self.run_dir / f"rank{rank}.out", self.run_dir / f"rank{rank}.err"))
+                heartbeat = Path(str(entry["heartbeat_file"])) if entry.get("heartbeat_file") else None
+                self.ranks.append(
+                    _Rank(
+                        rank,
+                        argv,
+                        self.run_dir / f"rank{rank}.out",
+                        self.run_dir / f"rank{rank}.err",
+                        heartbeat_file=heartbeat,
+                    )
+                )
+            self.heartbeat_timeout_s = float(launch.get("heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S))
+            store_host = launch.get("store_host")
+            if isinstance(store_host, dict):
+                self.store_host = (str(store_host["host"]), int(store_host["port"]))
         except (KeyError, TypeError, ValueError) as exc:
             return f"{self.run_dir / LAUNCH_FILE}: bad entry ({exc!r})"
         link = launch.get("link")
@@ -195,7 +243,47 @@ class Supervisor:
             self.fabric.destroy()
             self.fabric = None
 
-    def spawn(self) -> None:
+    def start_store_host(self, env: dict[str, str]) -> str | None:
+        """Start the c10d store's own process and wait until it listens; an error message on failure."""
+        if self.store_host is None:
+            return None
+        host, port = self.store_host
+        argv = [self.ranks[0].argv[0], "-m", "runtime.recovery.storehost", host, str(port)]
+        if self.fabric is not None:
+            argv = self.fabric.wrap(argv, self.rank_groups[0])  # beside rank 0, at its group's address
+        out_path = self.run_dir / "storehost.out"
+        me = os.getpid()
+        with open(out_path, "ab") as out, open(self.run_dir / "storehost.err", "ab") as err:
+            self.store_proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=self.run_dir,
+                env=env,
+                preexec_fn=lambda: die_with_parent(me),
+            )
+        deadline = time.monotonic() + STORE_HOST_READY_S
+        while time.monotonic() < deadline and self.stop_reason is None:
+            if "ready" in out_path.read_text(errors="replace"):
+                return None
+            if self.store_proc.poll() is not None:
+                break
+            time.sleep(POLL_S)
+        why = tail(self.run_dir / "storehost.err") or "no output"
+        return f"the rendezvous store did not start on {host}:{port}: {why}"
+
+    def stop_store_host(self) -> None:
+        if self.store_proc is not None and self.store_proc.poll() is None:
+            self.store_proc.terminate()
+            try:
+                self.store_proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.store_proc.kill()
+                self.store_proc.wait()
+        self.store_proc = None
+
+    def rank_env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -207,6 +295,9 @@ class Supervisor:
         if self.fabric is not None:
             # Gloo binds the group's veth address; peers in the same namespace reach it over loopback.
             env["GLOO_SOCKET_IFNAME"] = self.fabric.plan.ifname
+        return env
+
+    def spawn(self, env: dict[str, str]) -> None:
         me = os.getpid()
         for r in self.ranks:
             argv = self.fabric.wrap(r.argv, self.rank_groups[r.rank]) if self.fabric is not None else r.argv
@@ -231,18 +322,32 @@ class Supervisor:
             signal_pid(r.proc.pid, signal.SIGTERM)
         return time.monotonic() + self.grace_s
 
-    def _failure_reason(self) -> str:
+    def _culprit(self) -> _Rank | None:
+        """The first rank to fail on its own, not one that merely lost a peer or that we stopped."""
         failed = sorted(
-            (r for r in self.ranks if r.exit_code not in (None, 0) and r.exited_at is not None),
-            key=lambda r: r.exited_at or 0.0,
+            (
+                r
+                for r in self.ranks
+                if r.cause is not None or (r.exit_code not in (None, 0) and r.exited_at is not None)
+            ),
+            key=lambda r: r.detected_at or r.exited_at or 0.0,
         )
         if not failed:
+            return None
+        causes = [
+            r for r in failed if r.cause == "heartbeat" or (r.exit_code != EXIT_PEER_LOST and not r.terminated_by_us)
+        ]
+        return (causes or failed)[0]
+
+    def _failure_reason(self) -> str:
+        culprit = self._culprit()
+        if culprit is None:
             return ""
-        # The culprit: the first to fail on its own, not a rank that merely lost a peer or that we stopped.
-        causes = [r for r in failed if r.exit_code != EXIT_PEER_LOST and not r.terminated_by_us]
-        culprit = (causes or failed)[0]
-        assert culprit.exit_code is not None
-        reason = f"rank {culprit.rank} {_describe_exit(culprit.exit_code)}"
+        if culprit.cause == "heartbeat":
+            reason = f"rank {culprit.rank} sent no heartbeat for {self.heartbeat_timeout_s:g} s and was killed"
+        else:
+            assert culprit.exit_code is not None
+            reason = f"rank {culprit.rank} {_describe_exit(culprit.exit_code)}"
         stderr_tail = tail(culprit.stderr)
         if not stderr_tail:
             return reason
@@ -261,7 +366,12 @@ class Supervisor:
                 code = r.proc.poll()
                 if code is not None:
                     r.exit_code, r.exited_at, changed = code, time.monotonic(), True
-                    failed = failed or code != 0
+                    if code not in (0, EXIT_STOPPED) and r.cause is None:
+                        r.cause, r.detected_at = ("signal" if code < 0 else "exit"), time.time()
+                    failed = failed or code not in (0, EXIT_STOPPED)
+                elif kill_at is None and self._heartbeat_lost(r):
+                    r.cause, r.detected_at, changed, failed = "heartbeat", time.time(), True, True
+                    signal_pid(r.proc.pid, signal.SIGKILL)
             if self.stop_reason is None and (self.run_dir / STOP_FILE).exists():
                 self.stop_reason = "torn down"
             if kill_at is None and (failed or self.stop_reason is not None):
@@ -277,16 +387,31 @@ class Supervisor:
             time.sleep(POLL_S)
         # Before the final status: whoever sees it may tear the job down at once, and then the
         # fabric must already be gone, not half-way through its removal.
+        self.stop_store_host()
         self.teardown_link()
         if self.stop_reason is not None:
             cause = self._failure_reason()
             self.write_status("failed", f"{self.stop_reason}; {cause}" if cause else self.stop_reason)
             return "failed"
+        if not failed and any(r.exit_code == EXIT_STOPPED for r in self.ranks):
+            self.write_status("stopped", "the ranks saved a checkpoint and stopped on request")
+            return "stopped"
         if failed:
             self.write_status("failed", self._failure_reason())
             return "failed"
         self.write_status("succeeded")
         return "succeeded"
+
+    def _heartbeat_lost(self, r: _Rank) -> bool:
+        # Only once the rank's first heartbeat is there: before that it is starting (importing torch,
+        # rendezvous), which the rendezvous timeout bounds.
+        if r.heartbeat_file is None:
+            return False
+        try:
+            age = time.time() - r.heartbeat_file.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        return age > self.heartbeat_timeout_s
 
     def run(self) -> int:
         # Handlers before the pid file: once teardown can find this process, SIGTERM is handled.
@@ -312,8 +437,15 @@ class Supervisor:
                 # A teardown during the set-up may be what broke it (its SIGTERM reaches our `ip` too).
                 self.write_status("failed", self.stop_reason or error or "")
                 return 0 if self.stop_reason is not None else 1
+            env = self.rank_env()
+            error = self.start_store_host(env)
+            if error is not None or self.stop_reason is not None:
+                self.stop_store_host()
+                self.teardown_link()
+                self.write_status("failed", self.stop_reason or error or "")
+                return 0 if self.stop_reason is not None else 1
             try:
-                self.spawn()
+                self.spawn(env)
             except OSError as exc:
                 for r in self._alive():
                     assert r.proc is not None
@@ -326,6 +458,7 @@ class Supervisor:
             return 0
         finally:
             # Done already on every path that ends in a final status; this is for a crash.
+            self.stop_store_host()
             self.teardown_link()
 
 

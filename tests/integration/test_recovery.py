@@ -1,0 +1,225 @@
+"""Recovery through the real stack: kill -9 a rank, and the control plane brings the job back by itself.
+
+Each test runs real gloo ranks under the local backend, with the ASGI server, a Celery worker and beat
+(tests/stack.py), against PostgreSQL and Redis. Telemetry files are on in the stack, so a test can read
+what a killed attempt's ranks did last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from billing.models import UsageRecord
+from jobs import recovery, services
+from jobs.models import Device, DeviceHealth, JobEvent, TrainingJob
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+WEIGHTS_EVERY = 10
+SPEC = {
+    "name": "it-recover",
+    "devices": 3,
+    "flavors": ["ascend-910b"],
+    "workload": {"steps": 160, "global_batch": 96, "seed": 5, "lr": 0.05},
+    "checkpoint": {"weights_every": WEIGHTS_EVERY, "optimizer_every": 2 * WEIGHTS_EVERY, "keep": 3},
+    "max_restarts": 2,
+}
+FINAL = {"succeeded", "failed", "cancelled"}
+
+
+def _wait(predicate, timeout_s: float = 60, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met in {timeout_s} s")
+        time.sleep(0.05)
+
+
+def _run_dir(job_id: int) -> Path:
+    handle = _wait(lambda: TrainingJob.objects.get(pk=job_id).backend_handle, what="a launched run")
+    return Path(handle["run_dir"])
+
+
+def _steps(run_dir: Path, rank: int) -> list[dict[str, Any]]:
+    path = run_dir / f"telemetry.rank{rank}.jsonl"
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue  # the line being written right now
+    return [e for e in events if e["kind"] == "step"]
+
+
+def _last_step(run_dir: Path) -> int:
+    return max((e["step"] for rank in range(8) for e in _steps(run_dir, rank)), default=0)
+
+
+def _kill(run_dir: Path, rank: int) -> None:
+    status = json.loads((run_dir / "status.json").read_text())
+    pid = next(r["pid"] for r in status["ranks"] if r["rank"] == rank)
+    os.kill(pid, signal.SIGKILL)  # a device lost mid-step
+
+
+def _final_loss(job: dict[str, Any]) -> float:
+    return float(job["loss"]["last"])
+
+
+def _messages(job_id: int, kind: str = "recovery") -> list[str]:
+    return list(JobEvent.objects.filter(job_id=job_id, kind=kind).order_by("pk").values_list("message", flat=True))
+
+
+def _return_devices() -> None:
+    """The operator returns every device that recovery marked failed."""
+    failed = list(Device.objects.filter(health=DeviceHealth.FAILED).values_list("device_id", flat=True))
+    if failed:
+        services.set_device_health(failed, DeviceHealth.HEALTHY, by="test operator")
+
+
+def test_killing_a_rank_ten_times_recovers_each_time_within_a_weights_interval_and_the_loss(api_for, tenants, pool):
+    api = api_for(tenants[0].token)
+    reference_id = api.post("/api/v1/jobs", {**SPEC, "name": "it-reference"}).json()["id"]
+    reference = api.wait_for(reference_id, FINAL, timeout_s=120)
+    assert reference["state"] == "succeeded", reference
+    first, last = float(reference["loss"]["first"]), _final_loss(reference)
+
+    chooser = random.Random(7)
+    for trial in range(10):
+        victim = trial % 3  # ranks 0, 1 and 2 in turn: rank 0 four times
+        kill_at = chooser.randint(15, 120)
+        job_id = api.post("/api/v1/jobs", {**SPEC, "name": f"it-trial-{trial}"}).json()["id"]
+        run_dir = _run_dir(job_id)
+        reached = lambda run_dir=run_dir, kill_at=kill_at: _last_step(run_dir) >= kill_at  # noqa: E731
+        _wait(reached, timeout_s=90, what="the kill step")
+        _kill(run_dir, victim)
+
+        job = api.wait_for(job_id, FINAL, timeout_s=120)
+        assert job["state"] == "succeeded", (trial, job["failure_reason"], _messages(job_id))
+        assert job["restarts"] == 1 and job["attempt"] == 1, (trial, job["restarts"], job["attempt"])
+        # Nothing is lost beyond the weights interval: the killed run's last step (its survivors
+        # flush their telemetry as they exit) against the step the next attempt restored.
+        restored = job["recovery"]["restored"]
+        lost = _last_step(run_dir) - restored["step"]
+        assert 0 <= lost <= WEIGHTS_EVERY, (trial, _last_step(run_dir), restored)
+        # The same final loss as the uninterrupted run, as a share of the loss reduction.
+        gap = (_final_loss(job) - last) / (first - last)
+        assert abs(gap) <= 0.01, (trial, _final_loss(job), last, gap)
+
+        messages = _messages(job_id)
+        assert messages[0].startswith(f"failure detected: rank {victim} was killed by SIGKILL"), messages
+        assert any(m.startswith("device ") and "marked failed" in m for m in messages), messages
+        assert any(m.startswith(f"restored step {restored['step']} on 3 rank(s)") for m in messages), messages
+        assert any(m.startswith("training continues") for m in messages), messages
+        transitions = list(
+            JobEvent.objects.filter(job_id=job_id, kind="transition").values_list("from_state", "to_state")
+        )
+        assert ("running", "recovering") in transitions and ("recovering", "admitted") in transitions
+        # Both attempts are metered, each allocation once.
+        assert UsageRecord.objects.filter(job_id=job_id).count() == 6
+        _return_devices()
+
+
+def test_a_job_that_fails_more_than_max_restarts_ends_failed_with_the_reason(api_for, tenants, pool):
+    api = api_for(tenants[0].token)
+    spec = {**SPEC, "workload": {**SPEC["workload"], "steps": 100_000}, "max_restarts": 1}
+    job_id = api.post("/api/v1/jobs", spec).json()["id"]
+    first_run = _run_dir(job_id)
+    _wait(lambda: _last_step(first_run) >= 5, what="the first attempt's steps")
+    _kill(first_run, 1)
+
+    _wait(lambda: TrainingJob.objects.get(pk=job_id).attempt == 1 and TrainingJob.objects.get(pk=job_id).backend_handle)
+    second_run = _run_dir(job_id)
+    assert second_run != first_run
+    _wait(lambda: _last_step(second_run) >= 5, what="the second attempt's steps")
+    _kill(second_run, 2)
+
+    job = api.wait_for(job_id, FINAL, timeout_s=60)
+    assert job["state"] == "failed"
+    assert "rank 2 was killed by SIGKILL" in job["failure_reason"]
+    assert "gave up after 1 restart(s) (max_restarts 1)" in job["failure_reason"]
+    assert job["restarts"] == 1
+
+
+def test_a_job_shrinks_to_min_devices_and_grows_back_when_the_device_returns(api_for, tenants, pool):
+    api = api_for(tenants[0].token)
+    spec = {
+        "name": "it-shrink",
+        "devices": 2,
+        "min_devices": 1,
+        "flavors": ["h100-sxm"],  # the pool has two
+        "workload": {"steps": 600, "global_batch": 64, "seed": 2},
+        "checkpoint": {"weights_every": 10, "optimizer_every": 20},
+    }
+    job_id = api.post("/api/v1/jobs", spec).json()["id"]
+    run_dir = _run_dir(job_id)
+    _wait(lambda: _last_step(run_dir) >= 20, what="steps before the kill")
+    _kill(run_dir, 1)
+
+    # The killed device is marked failed; one h100 is left, so the job goes on alone.
+    _wait(lambda: TrainingJob.objects.get(pk=job_id).attempt == 1 and _job_devices(job_id) == 1, what="the shrink")
+    assert any("shrunk by 1" in m for m in _messages(job_id, "transition")), _messages(job_id, "transition")
+    shrunk_run = _run_dir(job_id)
+    _wait(lambda: _last_step(shrunk_run) >= 40, what="steps on one device")
+
+    _return_devices()  # the operator returns the device: the job checkpoints and grows back
+    _wait(lambda: TrainingJob.objects.get(pk=job_id).attempt == 2, timeout_s=60, what="the move back")
+    job = api.wait_for(job_id, FINAL, timeout_s=120)
+    assert job["state"] == "succeeded", (job["failure_reason"], _messages(job_id))
+    assert job["restarts"] == 1  # growing back is a planned move, not a restart
+    assert len(_last_attempt_devices(job)) == 2
+    messages = _messages(job_id)
+    assert any(m.startswith("asked to checkpoint and move: growing back from 1 to 2 devices") for m in messages)
+    assert any(m.startswith("restored step") and "on 2 rank(s) (saved on 1)" in m for m in messages), messages
+    assert any(m.startswith("checkpointed and stopped: growing back") for m in _messages(job_id, "transition")), (
+        _messages(job_id, "transition")
+    )
+
+
+def test_draining_a_node_checkpoints_its_job_and_moves_it_to_another_flavor(api_for, tenants, pool):
+    api = api_for(tenants[0].token)
+    spec = {
+        "name": "it-drain",
+        "devices": 2,
+        "flavors": ["h100-sxm", "a100-sxm"],
+        "workload": {"steps": 400, "global_batch": 64, "seed": 4},
+        "checkpoint": {"weights_every": 25, "optimizer_every": 50},
+    }
+    job_id = api.post("/api/v1/jobs", spec).json()["id"]
+    run_dir = _run_dir(job_id)
+    _wait(lambda: _last_step(run_dir) >= 10, what="steps before the drain")
+    node = TrainingJob.objects.get(pk=job_id).allocations.get(rank=0).device.node.name
+
+    assert recovery.drain_node(node, by="op") == [job_id]
+
+    job = api.wait_for(job_id, FINAL, timeout_s=120)
+    assert job["state"] == "succeeded", (job["failure_reason"], _messages(job_id))
+    assert job["restarts"] == 0 and job["attempt"] == 1
+    assert all(d["node"] != node for d in _last_attempt_devices(job)), job["devices"]
+    assert set(Device.objects.filter(node__name=node).values_list("health", flat=True)) == {DeviceHealth.CORDONED}
+    stopped_at = max(e["step"] for e in _steps(run_dir, 0))
+    # The drain saved a full checkpoint at the step it stopped: nothing is redone.
+    assert job["recovery"]["restored"]["step"] == stopped_at
+    assert job["recovery"]["restored"]["optimizer_step"] == stopped_at
+
+
+def _job_devices(job_id: int) -> int:
+    return TrainingJob.objects.get(pk=job_id).allocations.filter(ended_at__isnull=True).count()
+
+
+def _last_attempt_devices(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """A job's devices list every allocation it had; the last attempt's started last."""
+    last = max(d["started_at"] for d in job["devices"])
+    return [d for d in job["devices"] if d["started_at"] == last]
