@@ -216,6 +216,9 @@ POLYCHIP_HEARTBEAT_TIMEOUT_S = float(os.environ.get("POLYCHIP_HEARTBEAT_TIMEOUT_
 POLYCHIP_CHECKPOINT_URL = os.environ.get("POLYCHIP_CHECKPOINT_URL", f"file://{VAR_DIR / 'checkpoints'}")
 # The interval advisor's failure rate until the pool has run 100 device-hours of its own history:
 # about one failure a day per thousand devices, as large clusters report.
+# The trained device failure predictor (manage.py train_failure_predictor writes it); until it exists
+# devices are not scored.
+POLYCHIP_FAILURE_PREDICTOR = Path(os.environ.get("POLYCHIP_FAILURE_PREDICTOR", VAR_DIR / "failure-predictor.pt"))
 POLYCHIP_DEVICE_FAILURES_PER_HOUR = float(os.environ.get("POLYCHIP_DEVICE_FAILURES_PER_HOUR", "0.00004"))
 # The local backend also keeps every telemetry event of each rank in its run folder (for benchmarks
 # and tests that read what a killed run did last; off by default: the files grow with the steps).

@@ -2,7 +2,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from jobs import services
+from jobs import recovery, services
 from jobs.models import (
     Allocation,
     Device,
@@ -21,11 +21,32 @@ class FlavorAdmin(admin.ModelAdmin):
     list_display = ("name", "vendor", "kind", "model", "peak_bf16_tflops", "memory_gib", "interconnect")
 
 
+@admin.action(permissions=["change"], description="Cordon and drain: checkpoint and move its jobs")
+def drain(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+    """Cordon each node's devices and ask the jobs running there to checkpoint and move elsewhere."""
+    by = request.user.get_username()
+    nodes, moved = 0, []
+    for node in queryset.order_by("name"):
+        try:
+            moved += recovery.drain_node(node.name, by=by)
+        except services.UnknownDevices as exc:
+            admin_.message_user(request, f"{node.name}: {exc}", messages.WARNING)
+            continue
+        nodes += 1
+    ids = f" ({', '.join(f'#{job_id}' for job_id in moved)})" if moved else ""
+    admin_.message_user(
+        request,
+        f"{nodes} node(s) cordoned; {len(moved)} job(s) asked to checkpoint and move{ids}",
+        messages.SUCCESS,
+    )
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = ("name", "flavor", "rack", "coords")
     list_filter = ("flavor", "rack")
     search_fields = ("name",)
+    actions = [drain]
 
 
 @admin.register(PoolTopology)
@@ -92,7 +113,7 @@ class JobEventInline(admin.TabularInline):
 
 @admin.register(TrainingJob)
 class TrainingJobAdmin(admin.ModelAdmin):
-    list_display = ("id", "name", "tenant", "state", "steps_done", "total_steps", "last_loss", "created_at")
+    list_display = ("id", "name", "tenant", "state", "restarts", "steps_done", "total_steps", "last_loss", "created_at")
     list_filter = ("state", "tenant")
     search_fields = ("name",)
     readonly_fields = [f.name for f in TrainingJob._meta.fields]

@@ -65,6 +65,12 @@ class Device(models.Model):
     health = models.CharField(max_length=16, choices=DeviceHealth.choices, default=DeviceHealth.HEALTHY)
     # From its flavor when the pool is loaded; kept per device so the inventory answers per device.
     memory_gib = models.FloatField(default=0.0)
+    # Health telemetry from the device's rank (runtime.recovery.health.FEATURES, one row a minute,
+    # the last hour), and the failure predictor's latest score of it (jobs.recovery.score_devices).
+    health_readings = models.JSONField(default=list, blank=True)
+    readings_at = models.DateTimeField(null=True, blank=True)
+    failure_score = models.FloatField(null=True, blank=True)
+    scored_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.device_id

@@ -526,3 +526,52 @@ def _advice(job: TrainingJob, checkpoints: dict[str, Any] | None, devices: int) 
     cost_s = max(checkpoints["stall_ms_avg"], 0.001) / 1000.0
     advice = advise(cost_s, job_mtbf_s(devices, rate), step_time)
     return {**advice.to_json(), "failure_rate_source": source}
+
+
+# --- failure prediction -----------------------------------------------------------------------
+
+
+def score_devices() -> list[str]:
+    """Score every device with fresh health readings; drain those predicted to fail within the
+    horizon (their jobs checkpoint first, then move). Returns the device ids drained."""
+    from jobs.predictor import load_predictor
+
+    predictor = load_predictor()
+    if predictor is None:
+        return []
+    fresh = Device.objects.filter(health__in=(DeviceHealth.HEALTHY, DeviceHealth.DEGRADED)).filter(
+        Q(scored_at__isnull=True, readings_at__isnull=False) | Q(readings_at__gt=F("scored_at"))
+    )
+    drained = []
+    for device in fresh.only("pk", "device_id", "health_readings", "readings_at"):
+        window = device.health_readings[-predictor.window_min :]
+        if len(window) < predictor.window_min:
+            continue
+        score = predictor.score(window)
+        Device.objects.filter(pk=device.pk).update(failure_score=score, scored_at=timezone.now())
+        if score >= predictor.threshold:
+            drain_device(
+                device.device_id,
+                reason=(
+                    f"failure predicted within {predictor.horizon_min} min "
+                    f"(score {score:.2f} >= threshold {predictor.threshold:.2f})"
+                ),
+            )
+            drained.append(device.device_id)
+    return drained
+
+
+def drain_device(device_id: str, *, reason: str) -> list[int]:
+    """Cordon one device and move the jobs that run on it, each after a checkpoint; the moved job ids."""
+    from jobs import services
+
+    services.set_device_health([device_id], DeviceHealth.CORDONED, by=reason)
+    job_ids = sorted(
+        set(
+            Allocation.objects.filter(
+                ended_at__isnull=True, device__device_id=device_id, job__state=JobState.RUNNING
+            ).values_list("job_id", flat=True)
+        )
+    )
+    log.warning("device %s drained: %s", device_id, reason)
+    return [job_id for job_id in job_ids if request_move(job_id, f"device {device_id}: {reason}")]

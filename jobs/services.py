@@ -872,6 +872,7 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
                     del reported[:-20]
                     fields.add("rank_stats")
                     _record_straggler(job, event)
+        _store_readings(events)
         job.recent_losses = losses[-RECENT_LOSSES:]
         gang = (job.rank_stats.get(BALANCE_KEY) or {}).get("samples_per_s")
         speeds = [
@@ -910,6 +911,23 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
 
 BALANCE_KEY = "balance"
 COMM_KEY = "comm"
+# A device keeps its last hour of health readings (one row a minute): twice what the predictor sees.
+KEEP_READINGS = 60
+
+
+def _store_readings(events: Sequence[TelemetryEvent]) -> None:
+    """Append each device's new health rows (from its rank's heartbeats) to its recent history."""
+    rows: dict[str, list[list[float]]] = {}
+    for event in sorted(events, key=lambda e: e.ts):
+        if event.device_readings and event.device_id:
+            rows.setdefault(event.device_id, []).extend(list(row) for row in event.device_readings)
+    for device_id, fresh in rows.items():
+        device = Device.objects.select_for_update().filter(device_id=device_id).first()
+        if device is None:
+            continue
+        device.health_readings = (list(device.health_readings) + fresh)[-KEEP_READINGS:]
+        device.readings_at = timezone.now()
+        device.save(update_fields=["health_readings", "readings_at"])
 
 
 def rank_entries(rank_stats: dict[str, Any]) -> dict[str, Any]:

@@ -44,5 +44,9 @@ def observe_running_jobs() -> None:
     _each(services.running_job_ids(), services.observe_job, "observing")
     _each(recovery.recovering_job_ids(), recovery.retry_recovering, "reallocating")
     _each(recovery.shrunk_job_ids(), recovery.grow_back, "growing back")
+    try:
+        recovery.score_devices()
+    except Exception:
+        log.exception("sweep: scoring device health failed; retrying next round")
     _each(services.stale_admitted_job_ids(), provision_job.delay, "re-provisioning")
     _each(services.untorn_job_ids(), teardown_job.delay, "tearing down")

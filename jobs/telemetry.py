@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import FieldError
+from runtime.recovery.health import FEATURES
 
 KNOWN_KINDS = frozenset(
     {
@@ -71,6 +72,8 @@ class TelemetryEvent:
     # step, kind, stall and write times and size; a "restored" event's steps, mode and the checkpoints
     # it skipped; a "resumed" event's first step after the restore.
     recovery: dict[str, Any] | None = None
+    # A heartbeat's device health rows since the last one (``runtime.recovery.health.FEATURES``).
+    device_readings: tuple[tuple[float, ...], ...] | None = None
 
 
 def _number(event: dict[str, Any], key: str, where: str, *, whole: bool = False) -> Any:
@@ -225,6 +228,30 @@ def _recovery(event: dict[str, Any], kind: str, where: str) -> dict[str, Any] | 
     return None
 
 
+MAX_READINGS = 120
+
+
+def _readings(event: dict[str, Any], where: str) -> tuple[tuple[float, ...], ...] | None:
+    value = event.get("device_readings")
+    if value is None:
+        return None
+    width = len(FEATURES)
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_READINGS
+        or not all(
+            isinstance(row, list)
+            and len(row) == width
+            and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in row)
+            for row in value
+        )
+    ):
+        raise InvalidTelemetry(
+            f"{where}.device_readings", f"must be a list of rows of {width} finite numbers ({', '.join(FEATURES)})"
+        )
+    return tuple(tuple(float(v) for v in row) for row in value)
+
+
 def parse_events(raw: Any) -> list[TelemetryEvent]:
     if not isinstance(raw, list):
         raise InvalidTelemetry("events", 'send {"events": [{...}, ...]}')
@@ -269,6 +296,7 @@ def parse_events(raw: Any) -> list[TelemetryEvent]:
                 expected_samples_per_s=_number(event, "expected_samples_per_s", where),
                 comm=_comm(event, kind, where),
                 recovery=_recovery(event, kind, where),
+                device_readings=_readings(event, where) if kind == "heartbeat" else None,
             )
         )
     return events

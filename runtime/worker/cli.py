@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from runtime.worker.config import ConfigError, StepHook, load_config
+from runtime.worker.config import ConfigError, DeviceProbe, StepHook, load_config
 
 EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2
@@ -50,7 +50,9 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated(f"terminated by signal {signum}")
 
 
-def run_config_file(path: str | Path, step_hooks: Sequence[StepHook] = ()) -> int:
+def run_config_file(
+    path: str | Path, step_hooks: Sequence[StepHook] = (), device_probe: DeviceProbe | None = None
+) -> int:
     """Load the config at ``path``, train, and return the process exit code."""
     try:
         config = load_config(path)
@@ -65,7 +67,7 @@ def run_config_file(path: str | Path, step_hooks: Sequence[StepHook] = ()) -> in
     from runtime.worker.train import run
 
     try:
-        result = run(config, step_hooks)
+        result = run(config, step_hooks, device_probe)
     except Stopped as exc:
         print(f"{prefix}: {exc}", file=sys.stderr, flush=True)
         return EXIT_STOPPED

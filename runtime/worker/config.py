@@ -59,6 +59,9 @@ class StepInfo:
 
 
 StepHook = Callable[[StepInfo], None]
+# Reads the device's health since the last call: rows of ``runtime.recovery.health.FEATURES``, one a
+# minute (NVML and the like on real hardware; an emulated device on the local backend).
+DeviceProbe = Callable[[], list[list[float]]]
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ class Telemetry:
         token: str = "",
         file: str | None = None,
         heartbeat_file: str | None = None,
+        device_probe: Callable[[], list[list[float]]] | None = None,
         flush_interval_s: float = FLUSH_INTERVAL_S,
         heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
         post: PostFn | None = None,
@@ -70,6 +71,7 @@ class Telemetry:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._file = file
         self._heartbeat_file = heartbeat_file
+        self._device_probe = device_probe
         self._flush_interval_s = flush_interval_s
         self._heartbeat_interval_s = heartbeat_interval_s
         self._post = post
@@ -143,7 +145,7 @@ class Telemetry:
         while not self._stop.wait(timeout=max(0.0, min(next_heartbeat, next_flush) - time.monotonic())):
             now = time.monotonic()
             if now >= next_heartbeat:
-                self.emit("heartbeat", step=self._progress)
+                self.emit("heartbeat", step=self._progress, **self._device_readings())
                 self._touch_heartbeat_file()
                 next_heartbeat = now + self._heartbeat_interval_s
             if now >= next_flush:
@@ -168,6 +170,18 @@ class Telemetry:
             self._warn("overflow", f"telemetry: ingest unreachable, dropping oldest events ({overflow})")
         if self._unsent and self._monotonic() >= self._next_attempt_at:
             self._send_batch(timeout_s=POST_TIMEOUT_S)
+
+    def _device_readings(self) -> dict[str, Any]:
+        # The device's health readings since the last heartbeat (temperature, power, ECC and PCIe
+        # errors, step jitter; one row a minute), for the control plane's failure predictor.
+        if self._device_probe is None:
+            return {}
+        try:
+            readings = self._device_probe()
+        except Exception as exc:  # a broken probe must never take training down
+            self._warn("device_probe", f"telemetry: the device probe failed: {exc!r}")
+            return {}
+        return {"device_readings": readings} if readings else {}
 
     def _touch_heartbeat_file(self) -> None:
         # Its modification time is the heartbeat a supervisor on this host watches: a process that

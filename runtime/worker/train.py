@@ -54,7 +54,15 @@ from runtime.worker.checkpointing import (
     restore,
     stop_request,
 )
-from runtime.worker.config import StepHook, StepInfo, TrainResult, WorkerConfig, initial_split, make_balancer
+from runtime.worker.config import (
+    DeviceProbe,
+    StepHook,
+    StepInfo,
+    TrainResult,
+    WorkerConfig,
+    initial_split,
+    make_balancer,
+)
 from runtime.worker.telemetry import Telemetry
 from runtime.worker.workload import SyntheticDataset, build_student, make_optimizer
 
@@ -65,8 +73,12 @@ class InjectedFailure(RuntimeError):
     """Raised by ``fail_at_step``: a deliberate fault for tests of failure handling."""
 
 
-def run(config: WorkerConfig, step_hooks: Sequence[StepHook] = ()) -> TrainResult:
-    """Train this rank to the end; rank 0 saves the model. Owns the process group it creates."""
+def run(
+    config: WorkerConfig, step_hooks: Sequence[StepHook] = (), device_probe: DeviceProbe | None = None
+) -> TrainResult:
+    """Train this rank to the end; rank 0 saves the model. Owns the process group it creates.
+
+    ``device_probe`` reads the device's health (its rows ride on the heartbeats)."""
     if config.workload.kind != "synthetic-mlp":
         raise ValueError(f"workload.kind {config.workload.kind!r} is not supported by this worker")
     if dist.is_initialized():
@@ -79,6 +91,7 @@ def run(config: WorkerConfig, step_hooks: Sequence[StepHook] = ()) -> TrainResul
         token=config.telemetry_token,
         file=config.telemetry_file,
         heartbeat_file=config.heartbeat_file,
+        device_probe=device_probe,
     )
     telemetry.start()
     group_ready = False

@@ -1,6 +1,6 @@
 import pytest
 
-from runtime.jobspec import BalancingSpec, JobSpec, SpecError, WorkloadSpec, parse_job_spec
+from runtime.jobspec import BalancingSpec, CheckpointSpec, JobSpec, SpecError, WorkloadSpec, parse_job_spec
 
 VALID = {"name": "mlp", "devices": 2, "flavors": ["h100-sxm", "a100-sxm"]}
 
@@ -45,6 +45,15 @@ def test_duplicate_flavors_collapse_in_order():
         ({"balancing": "dynamic"}, "balancing", "object"),
         ({"balancing": {"mode": "fastest"}}, "balancing.mode", "dynamic"),
         ({"balancing": {"mode": "static", "threshold": 0.1}}, "balancing.threshold", "allowed here: mode"),
+        ({"checkpoint": 50}, "checkpoint", "object"),
+        ({"checkpoint": {"weights_every": 0}}, "checkpoint.weights_every", "between 1 and"),
+        ({"checkpoint": {"weights_every": 40, "optimizer_every": 100}}, "checkpoint.optimizer_every", "multiple"),
+        ({"checkpoint": {"keep": 0}}, "checkpoint.keep", "between 1 and 1000"),
+        ({"checkpoint": {"restore": "oldest"}}, "checkpoint.restore", "newest_weights"),
+        ({"checkpoint": {"every": 5}}, "checkpoint.every", "allowed here"),
+        ({"min_devices": 3}, "min_devices", "between 1 and 2"),
+        ({"min_devices": 0}, "min_devices", "between 1 and 2"),
+        ({"max_restarts": -1}, "max_restarts", "between 0 and 100"),
     ],
 )
 def test_each_mistake_names_its_field_and_the_fix(change, field, hint):
@@ -58,3 +67,20 @@ def test_a_spec_that_is_not_an_object_is_refused():
     with pytest.raises(SpecError) as caught:
         parse_job_spec(["name"])
     assert caught.value.field == "spec"
+
+
+def test_checkpoints_and_recovery_default_to_layered_saves_and_three_restarts_on_the_full_size():
+    spec = parse_job_spec(VALID)
+    assert spec.checkpoint == CheckpointSpec(weights_every=50, optimizer_every=250, keep=3, restore="newest_weights")
+    assert (spec.min_devices, spec.max_restarts) == (None, 3)
+    custom = parse_job_spec(
+        {
+            **VALID,
+            "checkpoint": {"weights_every": 100, "optimizer_every": 500, "keep": 5, "restore": "last_full"},
+            "min_devices": 1,
+            "max_restarts": 0,
+        }
+    )
+    assert custom.checkpoint == CheckpointSpec(100, 500, 5, "last_full")
+    assert (custom.min_devices, custom.max_restarts) == (1, 0)
+    assert parse_job_spec(custom.to_dict()) == custom

@@ -9,6 +9,7 @@ Layout of a run directory ``RUNS_DIR/<job_id>/``:
 - ``rank<N>.out``, ``rank<N>.err``: each rank's output;
 - ``speed.rank<N>`` (optional): a float that overrides rank N's relative speed while it runs;
 - ``heartbeat.rank<N>``: touched by rank N every second; the supervisor kills a rank that goes silent;
+- ``health.rank<N>`` (on request): injects a slow degradation of rank N's emulated device;
 - ``control.json`` (on request): asks the ranks to checkpoint and stop (``request_stop``);
 - ``storehost.out``, ``storehost.err``: the c10d store's own process;
 - ``telemetry.rank<N>.jsonl`` (when ``telemetry_files`` is on): every telemetry event of rank N.
@@ -99,6 +100,7 @@ class LocalBackend:
         link_shaping: str = "auto",
         collective_timeout_s: float = 30.0,
         heartbeat_timeout_s: float = 4.0,
+        health_minutes_per_second: float = 5.0,
     ) -> None:
         """``profiles`` maps flavor -> {"relative_speed": float} (``Pool.local_profiles``).
 
@@ -116,6 +118,10 @@ class LocalBackend:
         default of 30 minutes turns a lost peer into a hang); the supervisor kills a rank whose
         heartbeats stop for ``heartbeat_timeout_s`` (they come every second); the c10d store runs in
         a process of its own, so no rank's death takes the rendezvous down.
+
+        Each rank reports its emulated device's health with its heartbeats, ``health_minutes_per_second``
+        emulated minutes per second (``runtime.backends.local.health``); ``inject_degradation`` starts a
+        slow degradation that ends in the device's death.
         """
         if sample_time_ms < 0:
             raise ValueError(f"sample_time_ms must be >= 0, got {sample_time_ms}")
@@ -136,6 +142,9 @@ class LocalBackend:
             raise ValueError("collective_timeout_s and heartbeat_timeout_s must be > 0 seconds")
         self.collective_timeout_s = float(collective_timeout_s)
         self.heartbeat_timeout_s = float(heartbeat_timeout_s)
+        if not health_minutes_per_second > 0:
+            raise ValueError(f"health_minutes_per_second must be > 0, got {health_minutes_per_second}")
+        self.health_minutes_per_second = float(health_minutes_per_second)
 
     def link_for(self, groups: Sequence[int]) -> LinkEmulation:
         """How this backend emulates the cross-group link for a job whose ranks are in ``groups``."""
@@ -262,6 +271,8 @@ class LocalBackend:
                     "speed": speeds[rank],
                     "speed_file": str(run_dir / f"speed.rank{rank}"),
                     "heartbeat_file": config["heartbeat_file"],
+                    "device_id": placement.device_id,
+                    "health_file": str(run_dir / f"health.rank{rank}"),
                 }
             )
         atomic_write_json(
@@ -272,6 +283,7 @@ class LocalBackend:
                 "sample_time_ms": self.sample_time_ms,
                 "grace_s": self.grace_s,
                 "heartbeat_timeout_s": self.heartbeat_timeout_s,
+                "health_minutes_per_second": self.health_minutes_per_second,
                 "store_host": {"host": master_addr, "port": port},
                 "vendor_groups": list(groups),
                 "link": link.to_json(),
@@ -414,6 +426,14 @@ class LocalBackend:
         data = status if isinstance(status, dict) else {"ranks": []}
         data.update({"phase": "failed", "reason": reason, "updated_at": time.time()})
         atomic_write_json(run_dir / STATUS_FILE, data)
+
+    def inject_degradation(self, handle: dict[str, Any], rank: int, mode: str, minutes_to_failure: float) -> None:
+        """Start a slow degradation of rank N's emulated device (``runtime.recovery.health`` modes:
+        thermal, ecc, pcie, jitter, mixed, sudden); it dies ``minutes_to_failure`` emulated minutes on."""
+        if not minutes_to_failure > 0:
+            raise ValueError(f"minutes_to_failure must be > 0, got {minutes_to_failure}")
+        order = {"mode": mode, "minutes_to_failure": minutes_to_failure}
+        atomic_write_json(self._run_dir(handle) / f"health.rank{rank}", order)
 
     def request_stop(self, handle: dict[str, Any], reason: str) -> None:
         """Ask the ranks to save a full checkpoint and stop: they look for the control file every step."""

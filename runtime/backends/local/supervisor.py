@@ -170,6 +170,9 @@ class Supervisor:
                 ]
                 if entry.get("speed_file"):
                     argv += ["--speed-file", str(entry["speed_file"])]
+                if entry.get("device_id"):
+                    argv += ["--device-id", str(entry["device_id"]), "--health-file", str(entry["health_file"])]
+                    argv += ["--minutes-per-second", repr(float(launch.get("health_minutes_per_second", 1.0)))]
                 rank = int(entry["rank"])
                 heartbeat = Path(str(entry["heartbeat_file"])) if entry.get("heartbeat_file") else None
                 self.ranks.append(

@@ -1,0 +1,327 @@
+"""Recovery figures: kill -9 a rank of a running job and measure how the control plane brings it back.
+
+    python bench/recovery.py [--quick]
+
+1. Kill trials, through the real control plane. Polychip starts on the embedded default (SQLite,
+   filesystem broker, local backend) in a scratch directory, as `make demo` does. A reference job (3
+   ranks, seed 5) runs uninterrupted; then each trial submits the same job, waits until it passes a
+   random step, and kills one rank with SIGKILL (rank 0, 1, 2 in turn). Nobody intervenes after that.
+   Per trial:
+   - detect_s: the kill to the supervisor's detection (the failure's detected_at);
+   - observe_s: the kill to the control plane's "failure detected" event;
+   - kill_to_resume_s: the kill to the first step of the restored attempt (target: under 30 s);
+   - steps_lost: the killed attempt's last step (its survivors' telemetry) minus the step restored;
+   - final_loss_gap: (L_trial - L_ref) / (L_initial - L_ref) at the final step.
+   Between trials the operator's command returns the device that recovery marked failed.
+2. Checkpoint stall, in this process: a model of about 17 MB of weights (and as much momentum) saved
+   every 20 training steps, with the background saver and synchronously; the median time the
+   training thread is held, the size of a full checkpoint and the write throughput.
+3. Restore semantics, in this process: when the newest weights (every 10 steps) are newer than the
+   newest optimizer state (every 50), resume from those weights with the older momentum
+   ("newest_weights"), or from the last checkpoint with both ("last_full")? Each failure point gets the
+   same number of steps after the restart; the loss gap on the whole data set says which is better.
+4. The failure predictor (LSTM) against the threshold baseline on held-out synthetic device histories:
+   precision and recall at a 30-minute horizon (runtime.recovery.predict; the data are synthetic).
+
+--quick runs 3 trials (one kill of each rank) and smaller versions of 2-4. The last line printed is one
+JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from bench.skeleton import cli, free_port  # noqa: E402
+from controlplane.cli import Client  # noqa: E402
+from runtime.jobspec import CheckpointSpec  # noqa: E402
+from runtime.recovery.checkpoint import Checkpointer  # noqa: E402
+from runtime.recovery.predict import train_and_evaluate  # noqa: E402
+from runtime.recovery.store import LocalStore  # noqa: E402
+from runtime.worker.workload import SyntheticDataset, build_student, make_optimizer  # noqa: E402
+
+WEIGHTS_EVERY = 10
+SPEC = {
+    "name": "bench-recovery",
+    "devices": 3,
+    "flavors": ["ascend-910b"],
+    "workload": {"steps": 150, "global_batch": 96, "seed": 5, "lr": 0.05},
+    "checkpoint": {"weights_every": WEIGHTS_EVERY, "optimizer_every": 5 * WEIGHTS_EVERY, "keep": 3},
+    "max_restarts": 3,
+}
+FINAL = {"succeeded", "failed", "cancelled"}
+
+
+# --- 1. kill trials through the control plane ---------------------------------------------------
+
+
+def _wait(predicate: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: {what} did not happen within {timeout_s:.0f} s")
+        time.sleep(0.02)
+
+
+def _run_dirs(runs: Path, job_id: int) -> list[Path]:
+    """The job's run folders, one per attempt, in attempt order."""
+    found = [d for d in runs.glob(f"job-{job_id}-*") if d.is_dir()]
+    return sorted(found, key=lambda d: int(d.name.rsplit("-a", 1)[1]) if "-a" in d.name.split("-")[-1] else 0)
+
+
+def _step_events(run_dir: Path) -> list[dict[str, Any]]:
+    events = []
+    for path in run_dir.glob("telemetry.rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # being written
+            if event.get("kind") == "step":
+                events.append(event)
+    return events
+
+
+def _last_step(run_dir: Path) -> int:
+    return max((e["step"] for e in _step_events(run_dir)), default=0)
+
+
+def _finish(client: Client, job_id: int, timeout_s: float = 300) -> dict[str, Any]:
+    return _wait(lambda: (job := client.job(job_id))["state"] in FINAL and job, timeout_s, f"job {job_id} ending")
+
+
+def kill_trials(trials: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="polychip-bench-recovery-") as scratch:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        env = {
+            k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "CELERY_BROKER_URL", "CHANNEL_REDIS_URL"}
+        }
+        env.update(POLYCHIP_VAR_DIR=scratch, POLYCHIP_PUBLIC_URL=url, POLYCHIP_LOCAL_TELEMETRY_FILES="1")
+        runs = Path(scratch) / "runs"
+        print(f"embedded default in {scratch}, port {port}", flush=True)
+        cli(env, "up", "--port", str(port))
+        try:
+            client = Client(url, (Path(scratch) / "demo-token").read_text().strip())
+            reference = _finish(client, client.submit({**SPEC, "name": "bench-reference"})["id"])
+            if reference["state"] != "succeeded":
+                raise SystemExit(f"bench: the reference job ended {reference['state']}: {reference['failure_reason']}")
+            first, last = float(reference["loss"]["first"]), float(reference["loss"]["last"])
+            print(f"  reference: loss {first:.4f} -> {last:.4f} in {SPEC['workload']['steps']} steps", flush=True)
+            results = [_trial(client, runs, env, trial, first, last) for trial in range(trials)]
+        finally:
+            cli(env, "down")
+    recovered = [r for r in results if r["recovered"]]
+    figures: dict[str, Any] = {"trials": trials, "recovered": len(recovered)}
+    for name in ("detect_s", "observe_s", "kill_to_resume_s", "steps_lost", "final_loss_gap"):
+        values = [r[name] for r in recovered if r[name] is not None]
+        figures[name] = round(statistics.median(values), 4) if values else None
+        figures[f"{name}_max"] = round(max(values, key=abs), 4) if values else None
+    figures["weights_every"] = WEIGHTS_EVERY
+    return figures
+
+
+def _trial(client: Client, runs: Path, env: dict[str, str], trial: int, first: float, last: float) -> dict[str, Any]:
+    victim = trial % 3
+    kill_at = random.Random(trial).randint(15, 110)
+    job_id = client.submit({**SPEC, "name": f"bench-trial-{trial}"})["id"]
+    run_dir = _wait(lambda: _run_dirs(runs, job_id), 60, "the first attempt's launch")[0]
+    _wait(lambda: _last_step(run_dir) >= kill_at, 120, f"step {kill_at}")
+    status = json.loads((run_dir / "status.json").read_text())
+    pid = next(r["pid"] for r in status["ranks"] if r["rank"] == victim)
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+
+    job = _finish(client, job_id)
+    recovery = job["recovery"] or {}
+    failure, restored, resumed = recovery.get("last_failure"), recovery.get("restored"), recovery.get("resumed")
+    ok = job["state"] == "succeeded" and job["restarts"] >= 1 and bool(restored and resumed)
+    events = client.session.get(f"{client.url}/api/v1/jobs/{job_id}/events", timeout=30).json()
+    detected = [e for e in events["events"] if str(e.get("message", "")).startswith("failure detected")]
+    result = {
+        "recovered": ok,
+        "detect_s": failure["detected_at"] - killed_at if failure else None,
+        "observe_s": datetime.fromisoformat(detected[0]["created_at"]).timestamp() - killed_at if detected else None,
+        "kill_to_resume_s": resumed["ts"] - killed_at if resumed else None,
+        "steps_lost": _last_step(run_dir) - restored["step"] if restored else None,
+        "final_loss_gap": (float(job["loss"]["last"]) - last) / (first - last) if ok else None,
+    }
+    shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}
+    print(f"  trial {trial}: kill rank {victim} at step >= {kill_at}: {shown}", flush=True)
+    # The operator returns the device that recovery marked failed, so the pool stays the same size.
+    subprocess.run(
+        [sys.executable, "manage.py", "device_health", "--return-failed"],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    return result
+
+
+# --- 2. checkpoint stall --------------------------------------------------------------------------
+
+
+def stall_figures(quick: bool) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    hidden = 2048  # about 4.3M parameters: 17 MB of weights, as much momentum
+    saves = 4 if quick else 12
+    dataset = SyntheticDataset(0, 96)
+    figures: dict[str, Any] = {}
+    for background in (True, False):
+        model = build_student(hidden, 0)
+        optimizer = make_optimizer(model.parameters(), 0.05)
+        with tempfile.TemporaryDirectory(prefix="polychip-bench-ckpt-") as tmp:
+            spec = CheckpointSpec(weights_every=20, optimizer_every=20, keep=2)
+            checkpointer = Checkpointer(LocalStore(tmp), spec, background=background)
+            stalls = []
+            for step in range(1, saves * 20 + 1):
+                inputs, labels = dataset.global_batch_at(step - 1)
+                optimizer.zero_grad()
+                F.cross_entropy(model(inputs), labels).backward()
+                optimizer.step()
+                record = checkpointer.maybe_save(step, model, optimizer, {"step": step})
+                if record is not None:
+                    stalls.append(record.stall_s)
+            checkpointer.close()
+            records = checkpointer.records
+        name = "background" if background else "sync"
+        figures[f"stall_ms_{name}"] = round(statistics.median(stalls) * 1000, 3)
+        if background:
+            figures["checkpoint_mb"] = round(statistics.median(r.bytes for r in records) / 1e6, 2)
+            figures["write_mb_s"] = round(statistics.median(r.bytes / r.write_s for r in records) / 1e6, 1)
+        print(f"  {name}: stalls (ms) {[round(s * 1000, 1) for s in stalls]}", flush=True)
+    return figures
+
+
+# --- 3. restore semantics -------------------------------------------------------------------------
+
+
+def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: SyntheticDataset, steps: range) -> None:
+    for step in steps:
+        inputs, labels = data.global_batch_at(step - 1)
+        optimizer.zero_grad()
+        F.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+
+
+def _loss(model: torch.nn.Module, data: SyntheticDataset) -> float:
+    with torch.no_grad():
+        return float(F.cross_entropy(model(data.inputs), data.labels))
+
+
+def _reference_run(seed: int, total: int, weights_every: int, optimizer_every: int) -> dict[str, Any]:
+    data = SyntheticDataset(seed, 96)
+    model = build_student(64, seed)
+    optimizer = make_optimizer(model.parameters(), 0.05)
+    run: dict[str, Any] = {"data": data, "initial": _loss(model, data), "weights": {}, "moments": {}}
+    for step in range(1, total + 1):
+        _train(model, optimizer, data, range(step, step + 1))
+        if step % weights_every == 0:
+            run["weights"][step] = copy.deepcopy(model.state_dict())
+        if step % optimizer_every == 0:
+            run["moments"][step] = copy.deepcopy(optimizer.state_dict())
+    run["final"] = _loss(model, data)
+    return run
+
+
+def restore_semantics(quick: bool) -> dict[str, Any]:
+    """Equal work after the restart, two ways to restart; the loss gap against the uninterrupted run.
+
+    For each seed and failure point, both restarts get the same number of steps after the failure
+    (what the job can do in the time it has left): newest_weights starts from the newer weights and so
+    ends further along; last_full starts from consistent but older state."""
+    torch.set_num_threads(1)
+    weights_every, optimizer_every, total = 10, 50, 300
+    seeds = range(2) if quick else range(6)
+    failures = range(60, 260, 20 if quick else 10)
+    gaps: dict[str, list[float]] = {"newest_weights": [], "last_full": []}
+    for seed in seeds:
+        run = _reference_run(seed, total, weights_every, optimizer_every)
+        initial, reference, data = run["initial"], run["final"], run["data"]
+        for failed_at in failures:
+            newest, full = failed_at // weights_every * weights_every, failed_at // optimizer_every * optimizer_every
+            budget = total - newest  # the steps the job gets after the restart, either way
+            for mode, (w, o) in {"newest_weights": (newest, full), "last_full": (full, full)}.items():
+                model = build_student(64, seed)
+                optimizer = make_optimizer(model.parameters(), 0.05)
+                model.load_state_dict(run["weights"][w])
+                optimizer.load_state_dict(run["moments"][o])
+                _train(model, optimizer, data, range(w + 1, w + budget + 1))
+                gaps[mode].append((_loss(model, data) - reference) / (initial - reference))
+    differences = [a - b for a, b in zip(gaps["newest_weights"], gaps["last_full"], strict=True)]
+    figures: dict[str, Any] = {f"restore_gap_{mode}": round(statistics.mean(v), 5) for mode, v in gaps.items()}
+    # Paired over the same seeds and failure points: newest_weights minus last_full, and its standard error.
+    figures["restore_gap_difference"] = round(statistics.mean(differences), 5)
+    figures["restore_gap_difference_se"] = round(statistics.stdev(differences) / len(differences) ** 0.5, 5)
+    figures["restore_better"] = min(gaps, key=lambda mode: statistics.mean(gaps[mode]))
+    figures["restore_cases"] = len(differences)
+    print(f"  restore semantics over {len(differences)} cases: {figures}", flush=True)
+    return figures
+
+
+# --- 4. the failure predictor ---------------------------------------------------------------------
+
+
+def predictor_figures(quick: bool) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    result = train_and_evaluate(seed=0, quick=quick)
+    predictor, baseline = result["predictor"], result["baseline"]
+    print(
+        f"  predictor (synthetic histories, {result['horizon_min']} min horizon): "
+        f"LSTM precision {predictor.precision:.3f} recall {predictor.recall:.3f}; "
+        f"threshold baseline precision {baseline.precision:.3f} recall {baseline.recall:.3f}; "
+        f"positive windows {result['positive_rate']:.3f}",
+        flush=True,
+    )
+    return {
+        "predictor_precision": round(predictor.precision, 3),
+        "predictor_recall": round(predictor.recall, 3),
+        "baseline_precision": round(baseline.precision, 3),
+        "baseline_recall": round(baseline.recall, 3),
+        "predictor_accuracy": round(predictor.accuracy, 3),
+        "predictor_positive_rate": round(result["positive_rate"], 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 kill trials and smaller in-process measurements")
+    parser.add_argument("--trials", type=int, default=None, help="kill trials (default 12, 3 with --quick)")
+    args = parser.parse_args()
+    trials = args.trials or (3 if args.quick else 12)
+    figures: dict[str, Any] = {}
+    print("checkpoint stall:", flush=True)
+    figures |= stall_figures(args.quick)
+    print("restore semantics:", flush=True)
+    figures |= restore_semantics(args.quick)
+    print("failure predictor:", flush=True)
+    figures |= predictor_figures(args.quick)
+    print(f"kill trials ({trials}):", flush=True)
+    figures = kill_trials(trials) | figures
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
