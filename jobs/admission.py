@@ -269,16 +269,16 @@ def _preempt(preemption: Preemption, now: datetime) -> bool:
     if won != 1:
         return False
     services.end_allocations(job, now)
-    # No checkpoint yet: the local runtime cannot save one mid-run, so the next attempt starts from
-    # step 0. (Layered checkpoints are a later issue; this is where they will be taken.)
+    # The old attempt is asked to save a full checkpoint before it is torn down (services.teardown_job),
+    # and the next attempt, which launches only once that is done, restores it.
     JobEvent.objects.create(
         job=job,
         tenant_id=job.tenant_id,
         kind=JobEvent.Kind.TRANSITION,
         from_state=job.state,
         to_state=JobState.QUEUED,
-        message=f"{preemption.reason}; re-queued, restarting from step 0 (no checkpoint)",
-        data={"preempted_by": preemption.by_job_id, "attempt": job.attempt + 1, "checkpointed": False},
+        message=f"{preemption.reason}; re-queued, it checkpoints now and resumes from there",
+        data={"preempted_by": preemption.by_job_id, "attempt": job.attempt + 1, "checkpointed": True},
     )
     if teardowns:
         transaction.on_commit(functools.partial(tasks.teardown_job.delay, job.pk), robust=True)

@@ -71,6 +71,8 @@ class Device(models.Model):
     readings_at = models.DateTimeField(null=True, blank=True)
     failure_score = models.FloatField(null=True, blank=True)
     scored_at = models.DateTimeField(null=True, blank=True)
+    # Consecutive scores at or above the predictor's threshold: a drain needs a few in a row.
+    alert_streak = models.PositiveSmallIntegerField(default=0)
 
     def __str__(self) -> str:
         return self.device_id

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,7 +39,7 @@ from jobs.models import (
     TrainingJob,
 )
 from jobs.telemetry import TelemetryEvent
-from runtime.backends.base import LaunchRequest, Phase, RankPlacement
+from runtime.backends.base import Backend, LaunchRequest, Phase, RankPlacement
 from runtime.inventory import Fabric, Pool, make_topology, rack_fat_tree
 from runtime.jobspec import JobSpec, SpecError, parse_balancing, parse_checkpoint, parse_comm, parse_workload
 from runtime.scheduling import QuotaLedger
@@ -618,6 +619,11 @@ def provision_job(job_id: int) -> bool:
     if won != 1:
         return False
     job = TrainingJob.objects.get(pk=job_id)
+    if job.pending_teardowns:
+        # An earlier attempt still runs (it is saving its checkpoint before it stops): the sweep
+        # launches this one once it is gone, so two attempts never write the same checkpoints.
+        TrainingJob.objects.filter(pk=job_id, provision_claimed_at=now).update(provision_claimed_at=None)
+        return False
     backend = get_backend()
     try:
         handle = backend.provision(_launch_request(job))
@@ -722,6 +728,7 @@ def teardown_job(job_id: int) -> None:
     backend = get_backend()
     freed = False
     for handle in job.pending_teardowns:
+        _stop_with_checkpoint(backend, handle)
         backend.teardown(handle)
         with transaction.atomic():
             current = TrainingJob.objects.select_for_update().get(pk=job_id)
@@ -736,6 +743,21 @@ def teardown_job(job_id: int) -> None:
     if freed:
         # Admission holds back the devices of runs not yet confirmed gone; they are free now.
         tasks.admit_queued_jobs.delay()
+
+
+# How long a preempted attempt gets to save its checkpoint and stop before it is torn down anyway.
+STOP_BEFORE_TEARDOWN_S = 20.0
+
+
+def _stop_with_checkpoint(backend: Backend, handle: dict[str, Any]) -> None:
+    """Ask an attempt that is being replaced (a preemption) to checkpoint and stop, and wait for it:
+    its next attempt then resumes from that step instead of an older one."""
+    if backend.observe(handle).phase not in (Phase.RUNNING, Phase.PENDING):
+        return
+    backend.request_stop(handle, "preempted")
+    deadline = time.monotonic() + STOP_BEFORE_TEARDOWN_S
+    while time.monotonic() < deadline and backend.observe(handle).phase in (Phase.RUNNING, Phase.PENDING):
+        time.sleep(0.1)
 
 
 def untorn_job_ids() -> list[int]:

@@ -30,7 +30,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def stack(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def stack_var(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stack's var folder: its logs, runs and (when a test trains one) failure predictor."""
+    return tmp_path_factory.mktemp("var")
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup: Any, django_db_blocker: Any, stack_var: Path) -> Iterator[str]:
     from django.db import connection
 
     port = _free_port()
@@ -41,7 +47,7 @@ def stack(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest
         DATABASE_URL=(
             f"postgres://{settings_dict['USER']}@{settings_dict['HOST']}:{settings_dict['PORT']}/{settings_dict['NAME']}"
         ),
-        POLYCHIP_VAR_DIR=str(tmp_path_factory.mktemp("var")),
+        POLYCHIP_VAR_DIR=str(stack_var),
         POLYCHIP_PUBLIC_URL=url,
         POLYCHIP_SWEEP_SECONDS="0.5",
         POLYCHIP_LOCAL_TELEMETRY_FILES="1",

@@ -590,3 +590,56 @@ if __name__ == "__main__":
     print(summary(outcome))
     if arguments.json:
         print(json.dumps({k: asdict(v) if isinstance(v, Evaluation | EventView) else v for k, v in outcome.items()}))
+
+
+@dataclass(frozen=True)
+class AlertPolicyView:
+    """How an alerting rule on top of a model would behave in operation, per device rather than per window."""
+
+    streak: int  # consecutive alerting windows needed
+    stride_min: int  # minutes between two scorings of a device
+    false_alerts_per_device_hour: float  # alert episodes on devices that never fail
+    failures_warned: float  # share of failing devices alerted before their failure
+    failing_devices: int
+    healthy_device_hours: float
+
+
+def alert_policy_view(
+    model: LSTMPredictor, histories: Sequence[DeviceHistory], *, streak: int, stride_min: int = 5
+) -> AlertPolicyView:
+    """Score each device every ``stride_min`` minutes and alert after ``streak`` alerting scores in a row."""
+    if streak < 1 or stride_min < 1:
+        raise ValueError("streak and stride_min must be at least 1")
+    window = model.window_min
+    false_alerts = warned = failing = 0
+    healthy_minutes = 0
+    for history in histories:
+        rows = history.samples
+        ends = list(range(window, len(rows) + 1, stride_min))
+        alerts = model.predict_many(_as_batch_many([rows[end - window : end] for end in ends], window)) if ends else []
+        run = episodes = 0
+        first_alert: int | None = None
+        for end, alert in zip(ends, alerts, strict=True):
+            run = run + 1 if bool(alert) else 0
+            if run == streak:
+                episodes += 1
+                first_alert = end if first_alert is None else first_alert
+        if history.fail_at is None:
+            false_alerts += episodes
+            healthy_minutes += len(rows)
+        else:
+            failing += 1
+            warned += first_alert is not None and first_alert <= history.fail_at
+    hours = healthy_minutes / 60.0
+    return AlertPolicyView(
+        streak=streak,
+        stride_min=stride_min,
+        false_alerts_per_device_hour=false_alerts / hours if hours else 0.0,
+        failures_warned=warned / failing if failing else 0.0,
+        failing_devices=failing,
+        healthy_device_hours=hours,
+    )
+
+
+def _as_batch_many(windows_rows: Sequence[Sequence[Sequence[float]]], window: int) -> torch.Tensor:
+    return torch.cat([_as_batch(rows, window) for rows in windows_rows]) if windows_rows else torch.empty(0)

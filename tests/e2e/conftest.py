@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.stack import ROOT, api_for, stack  # noqa: F401  (fixtures shared with the integration tier)
+from tests.stack import ROOT, api_for, stack, stack_var  # noqa: F401  (fixtures shared with the integration tier)
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

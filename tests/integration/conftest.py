@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tests.stack import api_for, stack  # noqa: F401  (fixtures shared with the e2e tier)
+from tests.stack import api_for, stack, stack_var  # noqa: F401  (fixtures shared with the e2e tier)
 
 
 @pytest.fixture(scope="session", autouse=True)

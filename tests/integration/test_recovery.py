@@ -224,3 +224,40 @@ def _last_attempt_devices(job: dict[str, Any]) -> list[dict[str, Any]]:
     """A job's devices list every allocation it had; the last attempt's started last."""
     last = max(d["started_at"] for d in job["devices"])
     return [d for d in job["devices"] if d["started_at"] == last]
+
+
+def test_a_device_predicted_to_fail_is_drained_after_its_job_checkpoints(api_for, tenants, pool, stack_var):
+    import torch
+
+    from jobs.predictor import save_predictor
+    from runtime.backends.local import LocalBackend
+    from runtime.recovery.predict import train_and_evaluate
+
+    # The stack's sweep scores devices once a predictor is there (manage.py train_failure_predictor).
+    torch.set_num_threads(1)
+    save_predictor(train_and_evaluate(seed=0, quick=True), stack_var / "failure-predictor.pt")
+    api = api_for(tenants[0].token)
+    spec = {
+        "name": "it-predicted",
+        "devices": 2,
+        "flavors": ["tpu-v4"],
+        "workload": {"steps": 100_000, "global_batch": 64, "seed": 6},
+        "checkpoint": {"weights_every": 50, "optimizer_every": 100},
+    }
+    job_id = api.post("/api/v1/jobs", spec).json()["id"]
+    _run_dir(job_id)
+    job = TrainingJob.objects.get(pk=job_id)
+    device = job.allocations.get(rank=1).device
+    # Half an hour of readings (heartbeats carry five emulated minutes a second) before the fault.
+    _wait(lambda: len(Device.objects.get(pk=device.pk).health_readings) >= 30, timeout_s=60, what="readings")
+
+    LocalBackend(stack_var, {}).inject_degradation(job.backend_handle, 1, "ecc", minutes_to_failure=90)
+
+    drained = f"asked to checkpoint and move: device {device.device_id}: failure predicted"
+    _wait(lambda: any(m.startswith(drained) for m in _messages(job_id)), timeout_s=60, what="the prediction")
+    _wait(lambda: TrainingJob.objects.get(pk=job_id).attempt >= 1, timeout_s=60, what="the move")
+    assert Device.objects.get(pk=device.pk).health == DeviceHealth.CORDONED
+    job = TrainingJob.objects.get(pk=job_id)
+    assert job.restarts == 0  # moved after a checkpoint, before the device died: no failure to recover from
+    assert device.pk not in set(job.allocations.filter(ended_at__isnull=True).values_list("device_id", flat=True))
+    api.post(f"/api/v1/jobs/{job_id}/cancel")

@@ -32,8 +32,7 @@ FLAVORS = ["h100-sxm", "a100-sxm", "ascend-910b", "tpu-v4"]
 
 def _request(job_id: str, ranks: int, tmp_path: Path, spec: CheckpointSpec, **workload: Any) -> LaunchRequest:
     placements = tuple(
-        RankPlacement(rank=i, device_id=f"dev/{i}", flavor=FLAVORS[i % len(FLAVORS)], node="node")
-        for i in range(ranks)
+        RankPlacement(rank=i, device_id=f"dev/{i}", flavor=FLAVORS[i % len(FLAVORS)], node="node") for i in range(ranks)
     )
     return LaunchRequest(
         job_id=job_id,

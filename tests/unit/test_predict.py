@@ -232,3 +232,15 @@ def test_the_source_rejects_nonsense() -> None:
     temperatures = [r["temperature_c"] for r in readings[20:]]
     assert min(temperatures) > 40.0 + 30.0 * 0.55 - 5.0 and max(temperatures) < 40.0 + 30.0 + 5.0
     assert max(temperatures) - min(temperatures) < 10.0
+
+
+def test_a_longer_alert_streak_never_alerts_more_and_never_warns_of_more_failures():
+    from runtime.recovery.predict import alert_policy_view
+
+    torch.set_num_threads(1)
+    histories = generate_histories(40, seed=5)
+    model = LSTMPredictor().fit(generate_histories(60, seed=4), seed=0, epochs=2)
+    one, three = (alert_policy_view(model, histories, streak=k) for k in (1, 3))
+    assert three.false_alerts_per_device_hour <= one.false_alerts_per_device_hour
+    assert three.failures_warned <= one.failures_warned
+    assert one.failing_devices == three.failing_devices == sum(h.fail_at is not None for h in histories)
