@@ -616,11 +616,12 @@ def alert_policy_view(
     for history in histories:
         rows = history.samples
         ends = list(range(window, len(rows) + 1, stride_min))
-        alerts = model.predict_many(_as_batch_many([rows[end - window : end] for end in ends], window)) if ends else []
+        batch = _as_batch_many([rows[end - window : end] for end in ends], window)
+        alerts: list[bool] = [bool(a) for a in model.predict_many(batch)] if ends else []
         run = episodes = 0
         first_alert: int | None = None
         for end, alert in zip(ends, alerts, strict=True):
-            run = run + 1 if bool(alert) else 0
+            run = run + 1 if alert else 0
             if run == streak:
                 episodes += 1
                 first_alert = end if first_alert is None else first_alert
