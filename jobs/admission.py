@@ -265,6 +265,7 @@ def _preempt(preemption: Preemption, now: datetime) -> bool:
         rank_stats={},
         samples_per_s=None,
         pending_reason="preempted; waiting to be admitted again",
+        stop_requested="",
     )
     if won != 1:
         return False
@@ -277,8 +278,8 @@ def _preempt(preemption: Preemption, now: datetime) -> bool:
         kind=JobEvent.Kind.TRANSITION,
         from_state=job.state,
         to_state=JobState.QUEUED,
-        message=f"{preemption.reason}; re-queued, it checkpoints now and resumes from there",
-        data={"preempted_by": preemption.by_job_id, "attempt": job.attempt + 1, "checkpointed": True},
+        message=f"{preemption.reason}; re-queued, asked to checkpoint first and resume from its newest checkpoint",
+        data={"preempted_by": preemption.by_job_id, "attempt": job.attempt + 1},
     )
     if teardowns:
         transaction.on_commit(functools.partial(tasks.teardown_job.delay, job.pk), robust=True)

@@ -73,6 +73,7 @@ class Device(models.Model):
     scored_at = models.DateTimeField(null=True, blank=True)
     # Consecutive scores at or above the predictor's threshold: a drain needs a few in a row.
     alert_streak = models.PositiveSmallIntegerField(default=0)
+    unscored_rows = models.PositiveIntegerField(default=0)  # readings that arrived since the last score
 
     def __str__(self) -> str:
         return self.device_id

@@ -35,9 +35,10 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from jobs.admission import _free_device as admission_free_device
 from jobs.backends import get_backend
 from jobs.models import Allocation, Device, DeviceHealth, JobEvent, JobState, TrainingJob
-from runtime.backends.base import Failure, Observation
+from runtime.backends.base import Observation
 from runtime.jobspec import parse_checkpoint
 from runtime.recovery.advisor import advise, job_mtbf_s
 from runtime.recovery.plan import RestartPlan, RestartRequest, grow_target, plan_restart
@@ -69,16 +70,7 @@ def _spec_sizes(job: TrainingJob) -> tuple[int, int, int]:
     return devices, min_devices, max_restarts
 
 
-def _free_device(device: Device) -> FreeDevice:
-    return FreeDevice(
-        device_id=device.device_id,
-        node=device.node.name,
-        flavor=device.flavor.name,
-        degraded=device.health == DeviceHealth.DEGRADED,
-    )
-
-
-def _describe_failure(failure: Failure | None, reason: str, device: str | None) -> str:
+def _describe_failure(reason: str, device: str | None) -> str:
     first = reason.splitlines()[0] if reason else "the run failed"
     return f"{first} (device {device})" if device else first
 
@@ -114,7 +106,7 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
         )
         by_rank = {a.rank: a.device for a in allocations}
         device = by_rank.get(failure.rank) if failure is not None else None
-        what = _describe_failure(failure, reason, device.device_id if device else None)
+        what = _describe_failure(reason, device.device_id if device else None)
         recoverable = failure is None or failure.exit_code != EXIT_BAD_CONFIG
         if not recoverable or job.restarts >= max_restarts:
             why = (
@@ -153,7 +145,7 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
                 message=f"device {device.device_id} marked failed: nothing runs there until an operator returns it",
                 data={"device_failed": device.device_id},
             )
-        previous = tuple(_free_device(a.device) for a in allocations)
+        previous = tuple(admission_free_device(a.device) for a in allocations)
         recovery = dict(job.recovery)
         recovery["last_failure"] = {
             "detected_at": failure.detected_at if failure else observed_at,
@@ -169,7 +161,7 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
             message=f"frozen after a failure; restart {job.restarts + 1} of at most {max_restarts}",
             restarts=job.restarts + 1,
             recovery=recovery,
-            pending_teardowns=[] if torn_down or not handle else [handle],
+            teardowns=[] if torn_down or not handle else [handle],
         )
         if frozen is None:
             return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
@@ -194,14 +186,13 @@ def handle_stop(job_id: int, attempt: int) -> str:
             .select_related("device__node", "device__flavor")
             .order_by("rank")
         )
-        previous = tuple(_free_device(a.device) for a in allocations)
+        previous = tuple(admission_free_device(a.device) for a in allocations)
         reason = job.stop_requested or "stopped on request"
         frozen = _freeze(
             job,
             previous,
             message=f"checkpointed and stopped: {reason}"[:500],
-            stop_requested="",
-            pending_teardowns=[] if torn_down or not handle else [handle],
+            teardowns=[] if torn_down or not handle else [handle],
         )
         if frozen is not None:
             _reallocate(frozen, previous, frozenset())
@@ -232,6 +223,8 @@ def _freeze(job: TrainingJob, previous: tuple[FreeDevice, ...], *, message: str,
 
     recovery = dict(fields.pop("recovery", job.recovery))
     recovery["previous_devices"] = [d.device_id for d in previous]
+    recovery["frozen_at"] = time.time()
+    teardowns = [*job.pending_teardowns, *(h for h in fields.pop("teardowns", []) if h not in job.pending_teardowns)]
     won = TrainingJob.objects.filter(pk=job.pk, state=JobState.RUNNING, attempt=job.attempt).update(
         state=JobState.RECOVERING,
         state_changed_at=timezone.now(),
@@ -240,6 +233,9 @@ def _freeze(job: TrainingJob, previous: tuple[FreeDevice, ...], *, message: str,
         backend_handle=None,
         rank_stats={},
         samples_per_s=None,
+        # Whatever move was asked of the old attempt is done with it (a failure may have come first).
+        stop_requested="",
+        pending_teardowns=teardowns,
         recovery=recovery,
         **fields,
     )
@@ -279,10 +275,6 @@ def _reallocate(job: TrainingJob, previous: tuple[FreeDevice, ...], failed: froz
             services._record(job, kind=JobEvent.Kind.RECOVERY, message=waiting, data={"waiting": True})
         return None
     now = timezone.now()
-    by_id = {d.device_id: d for d in Device.objects.filter(device_id__in=[d.device_id for d in plan.devices])}
-    Allocation.objects.bulk_create(
-        Allocation(job=job, device=by_id[d.device_id], rank=rank, started_at=now) for rank, d in enumerate(plan.devices)
-    )
     rates = admission.throughput_matrix().rates({job.job_class})
     admitted = services.claim_transition(
         job.pk,
@@ -302,8 +294,13 @@ def _reallocate(job: TrainingJob, previous: tuple[FreeDevice, ...], failed: froz
         pending_reason="",
         demand=admission._charge(job.job_class, plan.devices, rates),
     )
-    if admitted is not None:
-        transaction.on_commit(lambda: tasks.provision_job.delay(job.pk), robust=True)
+    if admitted is None:
+        return None
+    by_id = {d.device_id: d for d in Device.objects.filter(device_id__in=[d.device_id for d in plan.devices])}
+    Allocation.objects.bulk_create(
+        Allocation(job=job, device=by_id[d.device_id], rank=rank, started_at=now) for rank, d in enumerate(plan.devices)
+    )
+    transaction.on_commit(lambda: tasks.provision_job.delay(job.pk), robust=True)
     return plan
 
 
@@ -320,7 +317,7 @@ def retry_recovering(job_id: int) -> bool:
             return False
         ids = list((job.recovery or {}).get("previous_devices") or [])
         devices = {d.device_id: d for d in Device.objects.filter(device_id__in=ids).select_related("node", "flavor")}
-        previous = tuple(_free_device(devices[i]) for i in ids if i in devices)
+        previous = tuple(admission_free_device(devices[i]) for i in ids if i in devices)
         return _reallocate(job, previous, frozenset()) is not None
 
 
@@ -356,16 +353,21 @@ def drain_node(node: str, *, by: str = "") -> list[int]:
     ids = list(Device.objects.filter(node__name=node).values_list("device_id", flat=True))
     if not ids:
         raise services.UnknownDevices(f"node: no such node {node!r} (or it has no devices)")
-    services.set_device_health(ids, DeviceHealth.CORDONED, by=by or "drain")
-    job_ids = sorted(
-        set(
-            Allocation.objects.filter(
-                ended_at__isnull=True, device__device_id__in=ids, job__state=JobState.RUNNING
-            ).values_list("job_id", flat=True)
-        )
-    )
     who = f" by {by}" if by else ""
-    return [job_id for job_id in job_ids if request_move(job_id, f"node {node} drained{who}")]
+    return _drain(ids, f"node {node} drained{who}", by=by or "drain")
+
+
+def _drain(device_ids: list[str], reason: str, *, by: str) -> list[int]:
+    """Cordon devices and ask every running job on them to checkpoint and move."""
+    from jobs import services
+
+    services.set_device_health(device_ids, DeviceHealth.CORDONED, by=by)
+    job_ids = (
+        Allocation.objects.filter(ended_at__isnull=True, device__device_id__in=device_ids, job__state=JobState.RUNNING)
+        .values_list("job_id", flat=True)
+        .distinct()
+    )
+    return [job_id for job_id in sorted(job_ids) if request_move(job_id, reason)]
 
 
 def shrunk_job_ids() -> list[int]:
@@ -429,12 +431,12 @@ def fold_event(job: TrainingJob, kind: str, ts: float, data: dict[str, Any]) -> 
         )
         return True
     if kind == "resumed":
-        last = recovery.get("last_failure") or {}
         resumed = {"ts": ts, **data}
-        if last.get("detected_at"):
-            resumed["since_detection_s"] = round(ts - float(last["detected_at"]), 3)
+        after = ""
+        if recovery.get("frozen_at"):
+            resumed["since_frozen_s"] = round(ts - float(recovery["frozen_at"]), 3)
+            after = f", {resumed['since_frozen_s']:.1f} s after the job was frozen"
         recovery["resumed"] = resumed
-        after = f", {resumed['since_detection_s']:.1f} s after the failure was detected" if last else ""
         services._record(
             job,
             kind=JobEvent.Kind.RECOVERY,
@@ -446,6 +448,19 @@ def fold_event(job: TrainingJob, kind: str, ts: float, data: dict[str, Any]) -> 
 
 
 # --- what the job detail shows ----------------------------------------------------------------
+
+
+_RATE_CACHE: dict[str, Any] = {}
+RATE_CACHE_S = 60.0
+
+
+def pool_failure_rate() -> tuple[float, str]:
+    """``failures_per_device_hour``, recomputed at most once a minute (every job view shows it)."""
+    cached = _RATE_CACHE.get("rate")
+    if cached is None or time.monotonic() - cached[0] > RATE_CACHE_S:
+        cached = (time.monotonic(), failures_per_device_hour())
+        _RATE_CACHE["rate"] = cached
+    return cached[1]
 
 
 def failures_per_device_hour(now: Any = None, window: timedelta = timedelta(days=30)) -> tuple[float, str]:
@@ -522,7 +537,7 @@ def _advice(job: TrainingJob, checkpoints: dict[str, Any] | None, devices: int) 
         step_time = float(job.spec.get("workload", {}).get("global_batch", 96)) / job.samples_per_s
     if checkpoints is None or not step_time:
         return None
-    rate, source = failures_per_device_hour()
+    rate, source = pool_failure_rate()
     cost_s = max(checkpoints["stall_ms_avg"], 0.001) / 1000.0
     advice = advise(cost_s, job_mtbf_s(devices, rate), step_time)
     return {**advice.to_json(), "failure_rate_source": source}
@@ -535,6 +550,8 @@ def _advice(job: TrainingJob, checkpoints: dict[str, Any] | None, devices: int) 
 # histories one alert at the best-F1 threshold fires on healthy devices about ten times as often as three
 # in a row, which still warn of about half the failures (bench/recovery.py, "alert persistence").
 ALERT_STREAK = 3
+# A device is scored once it has this many new rows (minutes) of readings: the cadence the bench assumes.
+SCORE_EVERY_ROWS = 5
 
 
 def score_devices() -> list[str]:
@@ -545,17 +562,19 @@ def score_devices() -> list[str]:
     predictor = load_predictor()
     if predictor is None:
         return []
-    fresh = Device.objects.filter(health__in=(DeviceHealth.HEALTHY, DeviceHealth.DEGRADED)).filter(
-        Q(scored_at__isnull=True, readings_at__isnull=False) | Q(readings_at__gt=F("scored_at"))
+    fresh = Device.objects.filter(
+        health__in=(DeviceHealth.HEALTHY, DeviceHealth.DEGRADED), unscored_rows__gte=SCORE_EVERY_ROWS
     )
     drained = []
-    for device in fresh.only("pk", "device_id", "health_readings", "readings_at", "alert_streak"):
+    for device in fresh.only("pk", "device_id", "health_readings", "alert_streak"):
         window = device.health_readings[-predictor.window_min :]
         if len(window) < predictor.window_min:
             continue
         score = predictor.score(window)
         streak = device.alert_streak + 1 if score >= predictor.threshold else 0
-        Device.objects.filter(pk=device.pk).update(failure_score=score, scored_at=timezone.now(), alert_streak=streak)
+        Device.objects.filter(pk=device.pk).update(
+            failure_score=score, scored_at=timezone.now(), alert_streak=streak, unscored_rows=0
+        )
         if streak >= ALERT_STREAK:
             drain_device(
                 device.device_id,
@@ -570,15 +589,5 @@ def score_devices() -> list[str]:
 
 def drain_device(device_id: str, *, reason: str) -> list[int]:
     """Cordon one device and move the jobs that run on it, each after a checkpoint; the moved job ids."""
-    from jobs import services
-
-    services.set_device_health([device_id], DeviceHealth.CORDONED, by=reason)
-    job_ids = sorted(
-        set(
-            Allocation.objects.filter(
-                ended_at__isnull=True, device__device_id=device_id, job__state=JobState.RUNNING
-            ).values_list("job_id", flat=True)
-        )
-    )
     log.warning("device %s drained: %s", device_id, reason)
-    return [job_id for job_id in job_ids if request_move(job_id, f"device {device_id}: {reason}")]
+    return _drain([device_id], f"device {device_id}: {reason}", by=reason)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -438,7 +439,13 @@ def set_device_health(device_ids: Iterable[str], health: DeviceHealth | str, *, 
     missing = [i for i in ids if i not in known]
     if missing:
         raise UnknownDevices(f"device_ids: no such device {missing[0]!r}")
-    changed = Device.objects.filter(device_id__in=ids).exclude(health=state).update(health=state)
+    # A device that changes health starts its failure prediction afresh: an operator who returns it
+    # has dealt with what the old readings showed.
+    changed = (
+        Device.objects.filter(device_id__in=ids)
+        .exclude(health=state)
+        .update(health=state, alert_streak=0, health_readings=[], unscored_rows=0, failure_score=None)
+    )
     if changed:
         log.info("%d device(s) set %s%s", changed, state, f" by {by}" if by else "")
     return changed
@@ -553,7 +560,7 @@ def run_key(job: TrainingJob) -> str:
     """A name for the job's run (this attempt of it) that is unique beyond the primary key, so that
     a reset database never meets an old run's files, artifacts or still-running workers, and a
     preempted attempt's workers cannot report into the next one."""
-    key = f"job-{job.pk}-{job.created_at:%Y%m%d%H%M%S%f}"
+    key = recovery.job_key(job)
     return f"{key}-a{job.attempt}" if job.attempt else key
 
 
@@ -728,12 +735,15 @@ def teardown_job(job_id: int) -> None:
     backend = get_backend()
     freed = False
     for handle in job.pending_teardowns:
-        _stop_with_checkpoint(backend, handle)
+        if _still_stopping(job, backend, handle):
+            continue  # the sweep comes back once it has saved and stopped, or its time is up
         backend.teardown(handle)
         with transaction.atomic():
             current = TrainingJob.objects.select_for_update().get(pk=job_id)
             current.pending_teardowns = [h for h in current.pending_teardowns if h != handle]
-            current.save(update_fields=["pending_teardowns"])
+            stopping = {k: v for k, v in (current.recovery or {}).get("stopping", {}).items() if k != _key(handle)}
+            current.recovery = {**current.recovery, "stopping": stopping}
+            current.save(update_fields=["pending_teardowns", "recovery"])
         freed = True
     if job.state in TERMINAL_STATES and job.torn_down_at is None and job.backend_handle:
         backend.teardown(job.backend_handle)
@@ -749,15 +759,29 @@ def teardown_job(job_id: int) -> None:
 STOP_BEFORE_TEARDOWN_S = 20.0
 
 
-def _stop_with_checkpoint(backend: Backend, handle: dict[str, Any]) -> None:
-    """Ask an attempt that is being replaced (a preemption) to checkpoint and stop, and wait for it:
-    its next attempt then resumes from that step instead of an older one."""
+def _key(handle: dict[str, Any]) -> str:
+    return json.dumps(handle, sort_keys=True)
+
+
+def _still_stopping(job: TrainingJob, backend: Backend, handle: dict[str, Any]) -> bool:
+    """Whether an attempt that is being replaced (a preemption) should be left to finish its stop:
+    the first call asks it to checkpoint and stop, and it gets ``STOP_BEFORE_TEARDOWN_S`` to do so,
+    so that its next attempt resumes from that step rather than an older one. Never blocks."""
     if backend.observe(handle).phase not in (Phase.RUNNING, Phase.PENDING):
-        return
-    backend.request_stop(handle, "preempted")
-    deadline = time.monotonic() + STOP_BEFORE_TEARDOWN_S
-    while time.monotonic() < deadline and backend.observe(handle).phase in (Phase.RUNNING, Phase.PENDING):
-        time.sleep(0.1)
+        return False
+    key = _key(handle)
+    with transaction.atomic():
+        current = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        stopping = dict((current.recovery or {}).get("stopping") or {})
+        asked_at = stopping.get(key)
+        if asked_at is None:
+            stopping[key] = time.time()
+            current.recovery = {**current.recovery, "stopping": stopping}
+            current.save(update_fields=["recovery"])
+    if asked_at is None:
+        backend.request_stop(handle, "preempted")
+        return True
+    return time.time() - float(asked_at) < STOP_BEFORE_TEARDOWN_S
 
 
 def untorn_job_ids() -> list[int]:
@@ -894,7 +918,7 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
                     del reported[:-20]
                     fields.add("rank_stats")
                     _record_straggler(job, event)
-        _store_readings(events)
+        _store_readings(job, events)
         job.recent_losses = losses[-RECENT_LOSSES:]
         gang = (job.rank_stats.get(BALANCE_KEY) or {}).get("samples_per_s")
         speeds = [
@@ -937,19 +961,24 @@ COMM_KEY = "comm"
 KEEP_READINGS = 60
 
 
-def _store_readings(events: Sequence[TelemetryEvent]) -> None:
-    """Append each device's new health rows (from its rank's heartbeats) to its recent history."""
+def _store_readings(job: TrainingJob, events: Sequence[TelemetryEvent]) -> None:
+    """Append each device's new health rows (from its rank's heartbeats) to its recent history. Only
+    for the devices this job holds: its token speaks for them and no others."""
     rows: dict[str, list[list[float]]] = {}
     for event in sorted(events, key=lambda e: e.ts):
         if event.device_readings and event.device_id:
             rows.setdefault(event.device_id, []).extend(list(row) for row in event.device_readings)
-    for device_id, fresh in rows.items():
-        device = Device.objects.select_for_update().filter(device_id=device_id).first()
-        if device is None:
-            continue
+    if not rows:
+        return
+    held = Device.objects.filter(
+        allocations__job=job, allocations__ended_at__isnull=True, device_id__in=sorted(rows)
+    ).order_by("device_id")
+    for device in held.select_for_update():
+        fresh = rows[device.device_id]
         device.health_readings = (list(device.health_readings) + fresh)[-KEEP_READINGS:]
         device.readings_at = timezone.now()
-        device.save(update_fields=["health_readings", "readings_at"])
+        device.unscored_rows += len(fresh)
+        device.save(update_fields=["health_readings", "readings_at", "unscored_rows"])
 
 
 def rank_entries(rank_stats: dict[str, Any]) -> dict[str, Any]:

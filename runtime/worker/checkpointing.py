@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,9 @@ from runtime.recovery.checkpoint import Checkpointer, RestorePlan, SaveRecord, f
 from runtime.recovery.store import CheckpointStore, open_store
 from runtime.worker.config import WorkerConfig
 from runtime.worker.telemetry import Telemetry
+
+# How long the ranks wait for rank 0 to choose (and verify) the checkpoint to restore.
+RESTORE_TIMEOUT_S = 1800.0
 
 
 class Stopped(Exception):
@@ -69,7 +73,12 @@ def restore(
             chosen[0] = plan.weights_step
             chosen[1] = plan.optimizer_step if plan.optimizer_step is not None else -1
     if config.world_size > 1:
-        dist.broadcast(chosen, src=0)
+        # Rank 0 verifies every candidate (reads and hashes it) before it answers, which on a slow
+        # store takes longer than the collective timeout allows: the answer goes over a group of
+        # its own with a long one.
+        patient = dist.new_group(backend="gloo", timeout=timedelta(seconds=RESTORE_TIMEOUT_S))
+        dist.broadcast(chosen, src=0, group=patient)
+        dist.destroy_process_group(patient)
     weights_step, optimizer_step = int(chosen[0]), int(chosen[1])
     if weights_step < 0:
         return Resumed(0, None, time.monotonic() - started)

@@ -71,6 +71,8 @@ class Telemetry:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._file = file
         self._heartbeat_file = heartbeat_file
+        self._pulse: threading.Thread | None = None
+        self._pulse_stop = threading.Event()
         self._device_probe = device_probe
         self._flush_interval_s = flush_interval_s
         self._heartbeat_interval_s = heartbeat_interval_s
@@ -101,13 +103,23 @@ class Telemetry:
         self._progress = step
 
     def start(self) -> None:
-        if self._thread is None:
+        if self._heartbeat_file and self._pulse is None:
             self._touch_heartbeat_file()
+            self._pulse = threading.Thread(target=self._pulse_loop, name="polychip-heartbeat-file", daemon=True)
+            self._pulse.start()
+        if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="polychip-telemetry", daemon=True)
             self._thread.start()
 
     def close(self, budget_s: float = CLOSE_BUDGET_S) -> None:
-        """Stop the thread and flush what is left, giving up after ``budget_s`` seconds."""
+        """Stop the thread and flush what is left, giving up after ``budget_s`` seconds. The heartbeat
+        file keeps its pulse until the very end: a rank that flushes slowly is not a dead one."""
+        try:
+            self._close(budget_s)
+        finally:
+            self._pulse_stop.set()
+
+    def _close(self, budget_s: float) -> None:
         deadline = time.monotonic() + budget_s
         self._stop.set()
         if self._thread is not None:
@@ -146,7 +158,6 @@ class Telemetry:
             now = time.monotonic()
             if now >= next_heartbeat:
                 self.emit("heartbeat", step=self._progress, **self._device_readings())
-                self._touch_heartbeat_file()
                 next_heartbeat = now + self._heartbeat_interval_s
             if now >= next_flush:
                 try:
@@ -170,6 +181,12 @@ class Telemetry:
             self._warn("overflow", f"telemetry: ingest unreachable, dropping oldest events ({overflow})")
         if self._unsent and self._monotonic() >= self._next_attempt_at:
             self._send_batch(timeout_s=POST_TIMEOUT_S)
+
+    def _pulse_loop(self) -> None:
+        # Its own thread, doing nothing but this: the flush thread can block in a POST for seconds
+        # (a slow control plane), and a watcher must not take that for a dead rank.
+        while not self._pulse_stop.wait(timeout=self._heartbeat_interval_s):
+            self._touch_heartbeat_file()
 
     def _device_readings(self) -> dict[str, Any]:
         # The device's health readings since the last heartbeat (temperature, power, ECC and PCIe

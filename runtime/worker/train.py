@@ -382,8 +382,8 @@ def _stop_after(
         if not any(r.step == step and r.kind == "full" for r in checkpointer.records):
             # A stop without its checkpoint would throw work away: report it as the failure it is.
             raise RuntimeError(f"the checkpoint before stopping failed: {checkpointer.last_error}")
-    # Nobody exits before rank 0's checkpoint is on disk.
-    dist.barrier()
+    # No barrier: the other ranks may leave while rank 0 writes (however long that takes); the
+    # supervisor reports the stop only once every rank has ended, none of them failed.
     raise Stopped(f"stopped after step {step} with a full checkpoint: {reason or 'another rank was asked to stop'}")
 
 

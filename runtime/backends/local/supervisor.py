@@ -63,7 +63,7 @@ class _Rank:
     stderr: Path
     proc: subprocess.Popen[bytes] | None = None
     exit_code: int | None = None
-    exited_at: float | None = None
+    exited_at: float | None = None  # wall clock
     terminated_by_us: bool = False
     heartbeat_file: Path | None = None
     # Why the supervisor declared this rank failed, and when (wall clock): "exit" (it ended with an
@@ -327,11 +327,13 @@ class Supervisor:
 
     def _culprit(self) -> _Rank | None:
         """The first rank to fail on its own, not one that merely lost a peer or that we stopped."""
+        # A rank that stopped on request did not fail. Times are all wall clock: a heartbeat kill is
+        # dated when it was declared, an exit when it was seen.
         failed = sorted(
             (
                 r
                 for r in self.ranks
-                if r.cause is not None or (r.exit_code not in (None, 0) and r.exited_at is not None)
+                if r.cause is not None or (r.exit_code not in (None, 0, EXIT_STOPPED) and r.exited_at is not None)
             ),
             key=lambda r: r.detected_at or r.exited_at or 0.0,
         )
@@ -368,7 +370,7 @@ class Supervisor:
                 assert r.proc is not None
                 code = r.proc.poll()
                 if code is not None:
-                    r.exit_code, r.exited_at, changed = code, time.monotonic(), True
+                    r.exit_code, r.exited_at, changed = code, time.time(), True
                     if code not in (0, EXIT_STOPPED) and r.cause is None:
                         r.cause, r.detected_at = ("signal" if code < 0 else "exit"), time.time()
                     failed = failed or code not in (0, EXIT_STOPPED)
