@@ -52,7 +52,6 @@ DEFAULT_GRACE_S = 5.0
 # A rank whose heartbeat file is older than this is declared failed and killed: a stopped or wedged
 # process keeps its sockets open, so its peers would otherwise wait out the collective timeout.
 DEFAULT_HEARTBEAT_TIMEOUT_S = 4.0
-STORE_HOST_READY_S = 30.0
 
 
 @dataclass
@@ -247,34 +246,40 @@ class Supervisor:
             self.fabric = None
 
     def start_store_host(self, env: dict[str, str]) -> str | None:
-        """Start the c10d store's own process and wait until it listens; an error message on failure."""
+        """Start the c10d store's own process; an error message if it cannot be started.
+
+        The ranks start at the same time, not after it listens: their clients retry the connection
+        until the rendezvous timeout, and torch's import (a few seconds for it and for each rank)
+        then happens side by side instead of one after the other. A store that dies is a failure of
+        the run (``supervise``)."""
         if self.store_host is None:
             return None
         host, port = self.store_host
         argv = [self.ranks[0].argv[0], "-m", "runtime.recovery.storehost", host, str(port)]
         if self.fabric is not None:
             argv = self.fabric.wrap(argv, self.rank_groups[0])  # beside rank 0, at its group's address
-        out_path = self.run_dir / "storehost.out"
         me = os.getpid()
-        with open(out_path, "ab") as out, open(self.run_dir / "storehost.err", "ab") as err:
-            self.store_proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=self.run_dir,
-                env=env,
-                preexec_fn=lambda: die_with_parent(me),
-            )
-        deadline = time.monotonic() + STORE_HOST_READY_S
-        while time.monotonic() < deadline and self.stop_reason is None:
-            if "ready" in out_path.read_text(errors="replace"):
-                return None
-            if self.store_proc.poll() is not None:
-                break
-            time.sleep(POLL_S)
-        why = tail(self.run_dir / "storehost.err") or "no output"
-        return f"the rendezvous store did not start on {host}:{port}: {why}"
+        try:
+            with open(self.run_dir / "storehost.out", "ab") as out, open(self.run_dir / "storehost.err", "ab") as err:
+                self.store_proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    cwd=self.run_dir,
+                    env=env,
+                    preexec_fn=lambda: die_with_parent(me),
+                )
+        except OSError as exc:
+            return f"the rendezvous store could not be started: {exc}"
+        return None
+
+    def _store_host_died(self) -> str | None:
+        if self.store_proc is None or self.store_proc.poll() is None:
+            return None
+        why = tail(self.run_dir / "storehost.err") or f"exit code {self.store_proc.returncode}"
+        host, port = self.store_host or ("?", 0)
+        return f"the rendezvous store on {host}:{port} exited: {why.splitlines()[-1]}"
 
     def stop_store_host(self) -> None:
         if self.store_proc is not None and self.store_proc.poll() is None:
@@ -379,6 +384,8 @@ class Supervisor:
                     signal_pid(r.proc.pid, signal.SIGKILL)
             if self.stop_reason is None and (self.run_dir / STOP_FILE).exists():
                 self.stop_reason = "torn down"
+            if self.stop_reason is None and (died := self._store_host_died()) is not None:
+                self.stop_reason = died
             if kill_at is None and (failed or self.stop_reason is not None):
                 kill_at = self._begin_termination()
             if kill_at is not None and time.monotonic() >= kill_at:
