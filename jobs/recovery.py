@@ -88,22 +88,14 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
     failure = observation.failure if observation is not None else None
     reason = reason or (observation.reason if observation is not None else "") or "the run failed"
     observed_at = time.time()
-    # What is left of the run goes first (ranks that lost their peer, the store's process), so that
-    # its surviving devices are free for the next attempt. A teardown that fails is retried by the
-    # sweep; the devices then wait for it.
     handle = job.backend_handle
     torn_down = _teardown(handle)
     with transaction.atomic():
-        _take_admission_lock()
-        job = TrainingJob.objects.select_for_update().get(pk=job_id)
-        if job.state != JobState.RUNNING or job.attempt != attempt:
-            return job.state
+        locked = _lock_attempt(job_id, attempt)
+        if isinstance(locked, str):
+            return locked
+        job, allocations = locked
         _, _, max_restarts = _spec_sizes(job)
-        allocations = list(
-            job.allocations.filter(ended_at__isnull=True)
-            .select_related("device__node", "device__flavor")
-            .order_by("rank")
-        )
         by_rank = {a.rank: a.device for a in allocations}
         device = by_rank.get(failure.rank) if failure is not None else None
         what = _describe_failure(reason, device.device_id if device else None)
@@ -177,15 +169,10 @@ def handle_stop(job_id: int, attempt: int) -> str:
     handle = job.backend_handle
     torn_down = _teardown(handle)
     with transaction.atomic():
-        _take_admission_lock()
-        job = TrainingJob.objects.select_for_update().get(pk=job_id)
-        if job.state != JobState.RUNNING or job.attempt != attempt:
-            return job.state
-        allocations = list(
-            job.allocations.filter(ended_at__isnull=True)
-            .select_related("device__node", "device__flavor")
-            .order_by("rank")
-        )
+        locked = _lock_attempt(job_id, attempt)
+        if isinstance(locked, str):
+            return locked
+        job, allocations = locked
         previous = tuple(admission_free_device(a.device) for a in allocations)
         reason = job.stop_requested or "stopped on request"
         frozen = _freeze(
@@ -199,7 +186,23 @@ def handle_stop(job_id: int, attempt: int) -> str:
     return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
 
 
+def _lock_attempt(job_id: int, attempt: int) -> tuple[TrainingJob, list[Allocation]] | str:
+    """Under the admission lock (taken first, as admission takes it), the job's row locked and still
+    at this attempt with its open allocations in rank order; else the state it has moved on to."""
+    _take_admission_lock()
+    job = TrainingJob.objects.select_for_update().get(pk=job_id)
+    if job.state != JobState.RUNNING or job.attempt != attempt:
+        return job.state
+    allocations = list(
+        job.allocations.filter(ended_at__isnull=True).select_related("device__node", "device__flavor").order_by("rank")
+    )
+    return job, allocations
+
+
 def _teardown(handle: dict[str, Any] | None) -> bool:
+    """Stop what is left of a run (ranks that lost their peer, the store's process) before its devices
+    are handed out again; False when it could not be confirmed (the sweep retries it, and the
+    devices wait for it)."""
     if not handle:
         return True
     try:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from billing.models import UsageRecord
 from jobs import services
-from jobs.models import Allocation, JobEvent, JobState, TrainingJob
+from jobs.models import Allocation, Device, DeviceHealth, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
 from tests.processes import processes_mentioning
 
@@ -110,9 +110,8 @@ def test_a_device_held_by_a_running_job_is_never_offered_again(tenants, pool):
 
 def test_a_running_job_whose_workers_go_silent_fails_and_is_torn_down(tenants, pool, local_backend):
     # Nothing listens at POLYCHIP_PUBLIC_URL here, so the workers' heartbeats never arrive.
-    job = services.submit_job(
-        tenant_id=tenants[0].id, user_id=None, spec=parse_job_spec({**SPEC, "workload": {"steps": 100_000}})
-    )
+    spec = parse_job_spec({**SPEC, "workload": {"steps": 100_000}, "max_restarts": 0})
+    job = services.submit_job(tenant_id=tenants[0].id, user_id=None, spec=spec)
     services.admit_queued_jobs()
     assert services.provision_job(job.id) is True
     assert services.observe_job(job.id) == JobState.RUNNING  # launched moments ago: still trusted
@@ -121,10 +120,41 @@ def test_a_running_job_whose_workers_go_silent_fails_and_is_torn_down(tenants, p
     TrainingJob.objects.filter(pk=job.id).update(last_heartbeat_at=silent_since)
     assert services.observe_job(job.id) == JobState.FAILED
     failed = TrainingJob.objects.get(pk=job.id)
-    assert failed.failure_reason == f"no heartbeat for {settings.POLYCHIP_HEARTBEAT_TIMEOUT_S:.0f} s"
+    timeout = settings.POLYCHIP_HEARTBEAT_TIMEOUT_S
+    assert (
+        failed.failure_reason
+        == f"no telemetry from the job for {timeout:.0f} s; gave up after 0 restart(s) (max_restarts 0)"
+    )
     assert UsageRecord.objects.filter(job_id=job.id).count() == 2
 
     services.teardown_job(job.id)  # what the task queued on commit does
     assert TrainingJob.objects.get(pk=job.id).torn_down_at is not None
     assert processes_mentioning(failed.backend_handle["run_dir"]) == []
     assert services.untorn_job_ids() == []
+
+
+def test_a_silent_job_with_restarts_left_is_frozen_and_placed_again(tenants, pool, local_backend):
+    job = services.submit_job(
+        tenant_id=tenants[0].id, user_id=None, spec=parse_job_spec({**SPEC, "workload": {"steps": 100_000}})
+    )
+    services.admit_queued_jobs()
+    assert services.provision_job(job.id) is True
+    first_run = TrainingJob.objects.get(pk=job.id).backend_handle["run_dir"]
+
+    silent_since = timezone.now() - timedelta(seconds=settings.POLYCHIP_HEARTBEAT_TIMEOUT_S + 1)
+    TrainingJob.objects.filter(pk=job.id).update(last_heartbeat_at=silent_since)
+    # The old run is stopped, its devices metered and handed out again (silence blames no device).
+    assert services.observe_job(job.id) == JobState.ADMITTED
+    recovered = TrainingJob.objects.get(pk=job.id)
+    assert (recovered.attempt, recovered.restarts, recovered.backend_handle) == (1, 1, None)
+    assert processes_mentioning(first_run) == []
+    assert UsageRecord.objects.filter(job_id=job.id).count() == 2
+    assert recovered.allocations.filter(ended_at__isnull=True).count() == 2
+    assert not Device.objects.filter(health=DeviceHealth.FAILED).exists()
+    transitions = list(recovered.events.filter(kind="transition").values_list("from_state", "to_state"))
+    assert transitions[-2:] == [("running", "recovering"), ("recovering", "admitted")]
+    messages = list(recovered.events.filter(kind="recovery").values_list("message", flat=True))
+    assert messages == [
+        f"failure detected: no telemetry from the job for {settings.POLYCHIP_HEARTBEAT_TIMEOUT_S:.0f} s"
+    ]
+    services.cancel_job(tenant_id=tenants[0].id, job_id=job.id)

@@ -258,18 +258,8 @@ class Supervisor:
         argv = [self.ranks[0].argv[0], "-m", "runtime.recovery.storehost", host, str(port)]
         if self.fabric is not None:
             argv = self.fabric.wrap(argv, self.rank_groups[0])  # beside rank 0, at its group's address
-        me = os.getpid()
         try:
-            with open(self.run_dir / "storehost.out", "ab") as out, open(self.run_dir / "storehost.err", "ab") as err:
-                self.store_proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    cwd=self.run_dir,
-                    env=env,
-                    preexec_fn=lambda: die_with_parent(me),
-                )
+            self.store_proc = self._start(argv, self.run_dir / "storehost.out", self.run_dir / "storehost.err", env)
         except OSError as exc:
             return f"the rendezvous store could not be started: {exc}"
         return None
@@ -306,19 +296,23 @@ class Supervisor:
         return env
 
     def spawn(self, env: dict[str, str]) -> None:
-        me = os.getpid()
         for r in self.ranks:
             argv = self.fabric.wrap(r.argv, self.rank_groups[r.rank]) if self.fabric is not None else r.argv
-            with open(r.stdout, "ab") as out, open(r.stderr, "ab") as err:
-                r.proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    cwd=self.run_dir,
-                    env=env,
-                    preexec_fn=lambda: die_with_parent(me),
-                )
+            r.proc = self._start(argv, r.stdout, r.stderr, env)
+
+    def _start(self, argv: list[str], stdout: Path, stderr: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """A child in the run dir, its output appended to files, that dies when this supervisor does."""
+        me = os.getpid()
+        with open(stdout, "ab") as out, open(stderr, "ab") as err:
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=self.run_dir,
+                env=env,
+                preexec_fn=lambda: die_with_parent(me),
+            )
 
     def _alive(self) -> list[_Rank]:
         return [r for r in self.ranks if r.proc is not None and r.exit_code is None]
