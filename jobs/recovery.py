@@ -307,6 +307,48 @@ def _reallocate(job: TrainingJob, previous: tuple[FreeDevice, ...], failed: froz
     return plan
 
 
+def place_again_if_unschedulable(job_id: int) -> bool:
+    """Before a launch: if a device of the admitted job was cordoned or failed since admission (a drain
+    only moves running jobs), give the job other devices instead. True when it was placed again (or
+    now waits for devices)."""
+    from jobs import services
+
+    with transaction.atomic():
+        _take_admission_lock()
+        job = TrainingJob.objects.select_for_update().filter(pk=job_id, state=JobState.ADMITTED).first()
+        if job is None:
+            return False
+        allocations = list(
+            job.allocations.filter(ended_at__isnull=True)
+            .select_related("device__node", "device__flavor")
+            .order_by("rank")
+        )
+        lost = [a.device.device_id for a in allocations if a.device.health not in SCHEDULABLE]
+        if not lost:
+            return False
+        previous = tuple(admission_free_device(a.device) for a in allocations if a.device.device_id not in lost)
+        won = TrainingJob.objects.filter(pk=job_id, state=JobState.ADMITTED, attempt=job.attempt).update(
+            state=JobState.RECOVERING, state_changed_at=timezone.now(), provision_claimed_at=None
+        )
+        if won != 1:
+            return False
+        job.refresh_from_db()
+        services._record(
+            job,
+            kind=JobEvent.Kind.TRANSITION,
+            from_state=JobState.ADMITTED,
+            to_state=JobState.RECOVERING,
+            message=f"not launched: {', '.join(lost)} cordoned or failed since admission; placing it again"[:500],
+            data={"unschedulable": lost},
+        )
+        services.end_allocations(job, timezone.now())
+        _reallocate(job, previous, frozenset(lost))
+    return True
+
+
+SCHEDULABLE = (DeviceHealth.HEALTHY, DeviceHealth.DEGRADED)
+
+
 def recovering_job_ids() -> list[int]:
     return list(TrainingJob.objects.filter(state=JobState.RECOVERING).values_list("pk", flat=True))
 

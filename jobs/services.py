@@ -631,6 +631,8 @@ def provision_job(job_id: int) -> bool:
         # launches this one once it is gone, so two attempts never write the same checkpoints.
         TrainingJob.objects.filter(pk=job_id, provision_claimed_at=now).update(provision_claimed_at=None)
         return False
+    if recovery.place_again_if_unschedulable(job_id):
+        return False  # a device was cordoned (or failed) since admission: it launches on others
     backend = get_backend()
     try:
         handle = backend.provision(_launch_request(job))

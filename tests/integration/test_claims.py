@@ -158,3 +158,21 @@ def test_a_silent_job_with_restarts_left_is_frozen_and_placed_again(tenants, poo
         f"failure detected: no telemetry from the job for {settings.POLYCHIP_HEARTBEAT_TIMEOUT_S:.0f} s"
     ]
     services.cancel_job(tenant_id=tenants[0].id, job_id=job.id)
+
+
+def test_a_job_whose_device_is_cordoned_before_launch_is_placed_on_others(tenants, pool, local_backend):
+    spec = parse_job_spec({**SPEC, "flavors": ["ascend-910b"]})  # four in the pool: two spare
+    job = services.submit_job(tenant_id=tenants[0].id, user_id=None, spec=spec)
+    services.admit_queued_jobs()
+    cordoned = TrainingJob.objects.get(pk=job.id).allocations.get(rank=1).device.device_id
+    services.set_device_health([cordoned], DeviceHealth.CORDONED, by="op")
+
+    assert services.provision_job(job.id) is False  # not launched on the cordoned device...
+    placed = TrainingJob.objects.get(pk=job.id)
+    assert placed.state == JobState.ADMITTED and placed.backend_handle is None
+    devices = set(placed.allocations.filter(ended_at__isnull=True).values_list("device__device_id", flat=True))
+    assert len(devices) == 2 and cordoned not in devices
+    assert services.provision_job(job.id) is True  # ...but on the devices it was given instead
+    transitions = list(placed.events.filter(kind="transition").values_list("to_state", flat=True))
+    assert transitions == ["queued", "admitted", "recovering", "admitted", "running"]
+    services.cancel_job(tenant_id=tenants[0].id, job_id=job.id)
