@@ -32,7 +32,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from jobs.admission import _free_device as admission_free_device
@@ -91,7 +91,7 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
     handle = job.backend_handle
     torn_down = _teardown(handle)
     with transaction.atomic():
-        locked = _lock_attempt(job_id, attempt)
+        locked = _lock_job(job_id, JobState.RUNNING, attempt)
         if isinstance(locked, str):
             return locked
         job, allocations = locked
@@ -169,7 +169,7 @@ def handle_stop(job_id: int, attempt: int) -> str:
     handle = job.backend_handle
     torn_down = _teardown(handle)
     with transaction.atomic():
-        locked = _lock_attempt(job_id, attempt)
+        locked = _lock_job(job_id, JobState.RUNNING, attempt)
         if isinstance(locked, str):
             return locked
         job, allocations = locked
@@ -186,17 +186,15 @@ def handle_stop(job_id: int, attempt: int) -> str:
     return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
 
 
-def _lock_attempt(job_id: int, attempt: int) -> tuple[TrainingJob, list[Allocation]] | str:
+def _lock_job(job_id: int, state: str, attempt: int | None = None) -> tuple[TrainingJob, list[Allocation]] | str:
     """Under the admission lock (taken first, as admission takes it), the job's row locked and still
-    at this attempt with its open allocations in rank order; else the state it has moved on to."""
+    in ``state`` (and at ``attempt``), with its open allocations in rank order; else its state now."""
     _take_admission_lock()
     job = TrainingJob.objects.select_for_update().get(pk=job_id)
-    if job.state != JobState.RUNNING or job.attempt != attempt:
+    if job.state != state or (attempt is not None and job.attempt != attempt):
         return job.state
-    allocations = list(
-        job.allocations.filter(ended_at__isnull=True).select_related("device__node", "device__flavor").order_by("rank")
-    )
-    return job, allocations
+    held = job.allocations.filter(ended_at__isnull=True).select_related("device__node", "device__flavor")
+    return job, list(held.order_by("rank"))
 
 
 def _teardown(handle: dict[str, Any] | None) -> bool:
@@ -228,10 +226,14 @@ def _freeze(job: TrainingJob, previous: tuple[FreeDevice, ...], *, message: str,
     recovery["previous_devices"] = [d.device_id for d in previous]
     recovery["frozen_at"] = time.time()
     teardowns = [*job.pending_teardowns, *(h for h in fields.pop("teardowns", []) if h not in job.pending_teardowns)]
-    won = TrainingJob.objects.filter(pk=job.pk, state=JobState.RUNNING, attempt=job.attempt).update(
-        state=JobState.RECOVERING,
-        state_changed_at=timezone.now(),
-        attempt=F("attempt") + 1,
+    frozen = services.claim_transition(
+        job.pk,
+        [JobState.RUNNING],
+        JobState.RECOVERING,
+        attempt=job.attempt,
+        next_attempt=True,
+        message=message[:500],
+        data={"attempt": job.attempt + 1},
         provision_claimed_at=None,
         backend_handle=None,
         rank_stats={},
@@ -242,19 +244,9 @@ def _freeze(job: TrainingJob, previous: tuple[FreeDevice, ...], *, message: str,
         recovery=recovery,
         **fields,
     )
-    if won != 1:
-        return None
-    job.refresh_from_db()
-    services._record(
-        job,
-        kind=JobEvent.Kind.TRANSITION,
-        from_state=JobState.RUNNING,
-        to_state=JobState.RECOVERING,
-        message=message[:500],
-        data={"attempt": job.attempt},
-    )
-    services.end_allocations(job, timezone.now())
-    return job
+    if frozen is not None:
+        services.end_allocations(frozen, timezone.now())
+    return frozen
 
 
 def _reallocate(job: TrainingJob, previous: tuple[FreeDevice, ...], failed: frozenset[str]) -> RestartPlan | None:
@@ -314,35 +306,27 @@ def place_again_if_unschedulable(job_id: int) -> bool:
     from jobs import services
 
     with transaction.atomic():
-        _take_admission_lock()
-        job = TrainingJob.objects.select_for_update().filter(pk=job_id, state=JobState.ADMITTED).first()
-        if job is None:
+        locked = _lock_job(job_id, JobState.ADMITTED)
+        if isinstance(locked, str):
             return False
-        allocations = list(
-            job.allocations.filter(ended_at__isnull=True)
-            .select_related("device__node", "device__flavor")
-            .order_by("rank")
-        )
+        job, allocations = locked
         lost = [a.device.device_id for a in allocations if a.device.health not in SCHEDULABLE]
         if not lost:
             return False
         previous = tuple(admission_free_device(a.device) for a in allocations if a.device.device_id not in lost)
-        won = TrainingJob.objects.filter(pk=job_id, state=JobState.ADMITTED, attempt=job.attempt).update(
-            state=JobState.RECOVERING, state_changed_at=timezone.now(), provision_claimed_at=None
-        )
-        if won != 1:
-            return False
-        job.refresh_from_db()
-        services._record(
-            job,
-            kind=JobEvent.Kind.TRANSITION,
-            from_state=JobState.ADMITTED,
-            to_state=JobState.RECOVERING,
+        moved = services.claim_transition(
+            job_id,
+            [JobState.ADMITTED],
+            JobState.RECOVERING,
+            attempt=job.attempt,
             message=f"not launched: {', '.join(lost)} cordoned or failed since admission; placing it again"[:500],
             data={"unschedulable": lost},
+            provision_claimed_at=None,
         )
-        services.end_allocations(job, timezone.now())
-        _reallocate(job, previous, frozenset(lost))
+        if moved is None:
+            return False
+        services.end_allocations(moved, timezone.now())
+        _reallocate(moved, previous, frozenset(lost))
     return True
 
 
@@ -417,13 +401,9 @@ def _drain(device_ids: list[str], reason: str, *, by: str) -> list[int]:
 
 def shrunk_job_ids() -> list[int]:
     """Running jobs on fewer devices than they asked for (after a recovery that shrank them)."""
-    running = TrainingJob.objects.filter(state=JobState.RUNNING, stop_requested="")
-    shrunk = []
-    for job in running.only("pk", "spec"):
-        devices, _, _ = _spec_sizes(job)
-        if job.allocations.filter(ended_at__isnull=True).count() < devices:
-            shrunk.append(job.pk)
-    return shrunk
+    held = Count("allocations", filter=Q(allocations__ended_at__isnull=True))
+    running = TrainingJob.objects.filter(state=JobState.RUNNING, stop_requested="").annotate(held=held)
+    return [job.pk for job in running.only("pk", "spec") if job.held < _spec_sizes(job)[0]]
 
 
 def grow_back(job_id: int) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from billing import services as billing
@@ -482,19 +482,22 @@ def claim_transition(
     message: str,
     data: dict[str, Any] | None = None,
     attempt: int | None = None,
+    next_attempt: bool = False,
     **fields: Any,
 ) -> TrainingJob | None:
     """Move a job from one of ``from_states`` to ``to_state``; None when another worker got there first.
 
     With ``attempt``, the claim holds only for that attempt (a preempted and re-admitted job is a
-    new attempt, and a launcher of the old one must not move it). Must run inside a transaction;
-    the event is appended in it.
+    new attempt, and a launcher of the old one must not move it); ``next_attempt`` makes the move
+    start the job's next one. Must run inside a transaction; the event is appended in it.
     """
     allowed = list(from_states)
     job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
     if job is None or job.state not in allowed or (attempt is not None and job.attempt != attempt):
         return None
     now = timezone.now()
+    if next_attempt:
+        fields["attempt"] = F("attempt") + 1
     won = TrainingJob.objects.filter(pk=job_id, state=job.state, attempt=job.attempt).update(
         state=to_state, state_changed_at=now, **fields
     )
@@ -743,7 +746,9 @@ def teardown_job(job_id: int) -> None:
         with transaction.atomic():
             current = TrainingJob.objects.select_for_update().get(pk=job_id)
             current.pending_teardowns = [h for h in current.pending_teardowns if h != handle]
-            stopping = {k: v for k, v in (current.recovery or {}).get("stopping", {}).items() if k != _key(handle)}
+            stopping = {
+                k: v for k, v in (current.recovery or {}).get("stopping", {}).items() if k != _handle_key(handle)
+            }
             current.recovery = {**current.recovery, "stopping": stopping}
             current.save(update_fields=["pending_teardowns", "recovery"])
         freed = True
@@ -761,7 +766,7 @@ def teardown_job(job_id: int) -> None:
 STOP_BEFORE_TEARDOWN_S = 20.0
 
 
-def _key(handle: dict[str, Any]) -> str:
+def _handle_key(handle: dict[str, Any]) -> str:
     return json.dumps(handle, sort_keys=True)
 
 
@@ -771,7 +776,7 @@ def _still_stopping(job: TrainingJob, backend: Backend, handle: dict[str, Any]) 
     so that its next attempt resumes from that step rather than an older one. Never blocks."""
     if backend.observe(handle).phase not in (Phase.RUNNING, Phase.PENDING):
         return False
-    key = _key(handle)
+    key = _handle_key(handle)
     with transaction.atomic():
         current = TrainingJob.objects.select_for_update().get(pk=job.pk)
         stopping = dict((current.recovery or {}).get("stopping") or {})
