@@ -1,47 +1,494 @@
-"""Use cases of the billing app."""
+"""Use cases of the billing app: usage in, the relay to the ledger, invoices, budgets, reconciliation.
+
+Money moves through keyed rows only. A usage record and its outbox row are written in one
+transaction (``INSERT ... ON CONFLICT DO NOTHING`` on the record's key, so a replay writes neither);
+the relay claims outbox rows with ``FOR UPDATE SKIP LOCKED`` and, in the same transaction, writes
+their ledger entries (keyed again) and deletes them. A process killed anywhere leaves either the
+outbox row or the ledger entry, never neither and never two. Invoices claim ledger entries once, when
+they are finalized, under the invoice's row lock.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
 
-from django.db import transaction
-from django.db.models import Count, Sum
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
 
-from billing.contracts import FlavorUsage, UsageInterval
-from billing.models import UsageRecord
+from billing import rating
+from billing.contracts import (
+    BudgetStatus,
+    FlavorUsage,
+    IngestResult,
+    InvoiceLineView,
+    InvoiceView,
+    LedgerEntryView,
+    OpenUsage,
+    Reconciliation,
+    ReconciliationRow,
+    UsageInterval,
+)
+from billing.models import (
+    BillingAccount,
+    BudgetAlert,
+    Invoice,
+    InvoiceLine,
+    InvoiceStatus,
+    LedgerEntry,
+    Price,
+    PriceBook,
+    UsageOutbox,
+    UsageRecord,
+)
+
+log = logging.getLogger(__name__)
+
+# Usage may arrive this long after its period ended and still be billed (as an adjustment line on
+# the tenant's next invoice); the ingest API refuses anything later, loudly.
+LATE_USAGE_DAYS = 35
+INGEST_CHUNK = 1000
+
+
+class BillingError(ValueError):
+    """A request billing cannot carry out; ``field`` names what to fix."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class UsageConflict(BillingError):
+    pass
+
+
+class InvoiceNotFound(BillingError):
+    pass
+
+
+# --- usage in ---------------------------------------------------------------------------------------
 
 
 def duration_ms(interval: UsageInterval) -> int:
     """Whole milliseconds held; microseconds are truncated so a replay always agrees."""
-    delta = interval.ended_at - interval.started_at
-    return (delta.days * 86_400_000) + (delta.seconds * 1000) + (delta.microseconds // 1000)
+    return rating.epoch_ms(interval.ended_at) - rating.epoch_ms(interval.started_at)
+
+
+def _validate(interval: UsageInterval) -> None:
+    if not interval.key or len(interval.key) > 200:
+        raise BillingError(f"usage key {interval.key!r}: give 1 to 200 characters", field="key")
+    if interval.ended_at < interval.started_at:
+        raise BillingError(f"usage {interval.key}: ended_at is before started_at", field="ended_at")
+    if interval.nau_milli < 0:
+        raise BillingError(f"usage {interval.key}: nau_milli must not be negative", field="nau_milli")
+
+
+def _row(interval: UsageInterval) -> tuple[Any, ...]:
+    return (
+        interval.key,
+        interval.tenant_id,
+        interval.job_id,
+        interval.device_id,
+        interval.flavor,
+        interval.started_at,
+        interval.ended_at,
+        duration_ms(interval),
+        interval.nau_milli,
+    )
+
+
+_COLUMNS = ("key", "tenant_id", "job_id", "device_id", "flavor", "started_at", "ended_at", "duration_ms", "nau_milli")
+
+
+def _insert_records(intervals: Sequence[UsageInterval]) -> IngestResult:
+    """Insert new records and their outbox rows, in the caller's transaction; report replays and conflicts."""
+    by_key: dict[str, UsageInterval] = {}
+    for interval in intervals:
+        _validate(interval)
+        by_key.setdefault(interval.key, interval)  # an exact duplicate inside one batch is a replay too
+    records = connection.ops.quote_name(UsageRecord._meta.db_table)
+    outbox = connection.ops.quote_name(UsageOutbox._meta.db_table)
+    new_ids: list[int] = []
+    new_keys: set[str] = set()
+    now = timezone.now()
+    unique = list(by_key.values())
+    with connection.cursor() as cursor:
+        for start in range(0, len(unique), INGEST_CHUNK):
+            chunk = unique[start : start + INGEST_CHUNK]
+            placeholders = ", ".join(["(" + ", ".join(["%s"] * (len(_COLUMNS) + 1)) + ")"] * len(chunk))
+            cursor.execute(
+                f"INSERT INTO {records} ({', '.join(_COLUMNS)}, recorded_at) VALUES {placeholders} "
+                "ON CONFLICT (key) DO NOTHING RETURNING id, key",
+                [value for interval in chunk for value in (*_row(interval), now)],
+            )
+            for record_id, key in cursor.fetchall():
+                new_ids.append(record_id)
+                new_keys.add(key)
+        for start in range(0, len(new_ids), INGEST_CHUNK):
+            chunk_ids = new_ids[start : start + INGEST_CHUNK]
+            cursor.execute(
+                f"INSERT INTO {outbox} (record_id, created_at) VALUES {', '.join(['(%s, %s)'] * len(chunk_ids))}",
+                [value for record_id in chunk_ids for value in (record_id, now)],
+            )
+    replayed = [key for key in by_key if key not in new_keys]
+    conflicts = _conflicts({key: by_key[key] for key in replayed}) if replayed else []
+    return IngestResult(
+        created=len(new_ids), duplicates=len(intervals) - len(new_ids) - len(conflicts), conflicts=tuple(conflicts)
+    )
+
+
+def _conflicts(replayed: Mapping[str, UsageInterval]) -> list[str]:
+    """Keys whose stored record differs from what was sent again."""
+    stored = UsageRecord.objects.filter(key__in=list(replayed)).values_list("key", *_COLUMNS[1:])
+    return sorted(key for key, *values in stored if tuple(values) != _row(replayed[key])[1:])
 
 
 def record_usage(intervals: Iterable[UsageInterval]) -> int:
     """Write usage records; must run inside the transaction of the change that ends the intervals.
 
-    Returns how many were new: a replayed key is ignored, never counted twice.
+    Returns how many were new: a replayed key is ignored, never counted twice. A key replayed with
+    different figures is a bug in the caller and raises, rolling the change back.
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("record_usage must run inside the transaction that ends the allocation")
-    created = 0
+    result = _insert_records(list(intervals))
+    if result.conflicts:
+        raise UsageConflict(f"usage {', '.join(result.conflicts)} was recorded before with other figures")
+    return result.created
+
+
+def ingest_usage(intervals: Sequence[UsageInterval], *, now: datetime | None = None) -> IngestResult:
+    """Take usage from outside (a meter, a backend's own accounting) in one transaction.
+
+    Replays are ignored and conflicts reported by key; usage that ended more than
+    ``LATE_USAGE_DAYS`` after its period closed is refused whole, naming the first such key.
+    """
+    now = now or timezone.now()
     for interval in intervals:
-        if interval.ended_at < interval.started_at:
-            raise ValueError(f"usage {interval.key}: ended_at is before started_at")
-        _, was_created = UsageRecord.objects.get_or_create(
-            key=interval.key,
-            defaults={
-                "tenant_id": interval.tenant_id,
-                "job_id": interval.job_id,
-                "device_id": interval.device_id,
-                "flavor": interval.flavor,
-                "started_at": interval.started_at,
-                "ended_at": interval.ended_at,
-                "duration_ms": duration_ms(interval),
-            },
+        period_end = rating.next_period(rating.period_of(rating.epoch_ms(interval.ended_at)))
+        if now.date() > period_end + timedelta(days=LATE_USAGE_DAYS):
+            raise BillingError(
+                f"usage {interval.key} ended in {interval.ended_at:%Y-%m}, more than {LATE_USAGE_DAYS} days "
+                "before now; usage that late is not billed automatically: ask an operator to credit it",
+                field="ended_at",
+            )
+    with transaction.atomic():
+        return _insert_records(list(intervals))
+
+
+# --- the relay -------------------------------------------------------------------------------------
+
+
+def _entries_for(record: UsageRecord) -> list[LedgerEntry]:
+    start_ms = rating.epoch_ms(record.started_at)
+    return [
+        LedgerEntry(
+            key=f"{record.key}@{period:%Y-%m}",
+            record_id=record.pk,
+            tenant_id=record.tenant_id,
+            job_id=record.job_id,
+            flavor=record.flavor,
+            period=period,
+            start_ms=piece_start,
+            duration_ms=piece_ms,
+            nau_milli=record.nau_milli,
         )
-        created += was_created
-    return created
+        for period, piece_start, piece_ms in rating.split_by_period(start_ms, record.duration_ms)
+    ]
+
+
+def post_outbox_batch(limit: int = 500) -> int:
+    """Claim up to ``limit`` outbox rows no other relay holds, post them to the ledger, delete them.
+
+    One transaction: killed before the commit, nothing happened; after it, all of it did. The ledger
+    key is unique, so even a row posted twice (it cannot be, but a restored backup could) adds nothing.
+    """
+    with transaction.atomic():
+        claimed = list(
+            UsageOutbox.objects.select_for_update(skip_locked=True)
+            .order_by("id")
+            .values_list("id", "record_id")[:limit]
+        )
+        if not claimed:
+            return 0
+        records = UsageRecord.objects.filter(pk__in=[record_id for _, record_id in claimed])
+        entries = [entry for record in records for entry in _entries_for(record)]
+        LedgerEntry.objects.bulk_create(entries, ignore_conflicts=True, batch_size=INGEST_CHUNK)
+        UsageOutbox.objects.filter(pk__in=[outbox_id for outbox_id, _ in claimed]).delete()
+    return len(claimed)
+
+
+def relay_usage(*, batch: int = 500, max_batches: int | None = None) -> int:
+    """Post the outbox to the ledger until it is empty (or ``max_batches`` ran); returns rows posted."""
+    posted, batches = 0, 0
+    while max_batches is None or batches < max_batches:
+        count = post_outbox_batch(batch)
+        posted, batches = posted + count, batches + 1
+        if count < batch:
+            break
+    return posted
+
+
+def outbox_backlog() -> int:
+    return UsageOutbox.objects.count()
+
+
+# --- prices ----------------------------------------------------------------------------------------
+
+
+# Illustrative list prices per device-hour for the demo pool's flavors, and a per-NAU-hour price for
+# every other flavor (one NAU: one reference device's throughput). Operators edit them in the admin.
+STANDARD_PRICES = {
+    rating.NAU: Decimal("2.200000000000"),
+    "h100-sxm": Decimal("4.250000000000"),
+    "a100-sxm": Decimal("2.100000000000"),
+    "ascend-910b": Decimal("1.650000000000"),
+    "tpu-v4": Decimal("1.950000000000"),
+}
+STANDARD_FROM = date(2026, 1, 1)
+
+
+def default_price_book() -> PriceBook:
+    """The book of tenants without one of their own; the standard list is created on first use."""
+    book = PriceBook.objects.filter(is_default=True).first()
+    if book is not None:
+        return book
+    try:
+        with transaction.atomic():
+            book = PriceBook.objects.create(
+                name="standard", is_default=True, description="List prices; per NAU-hour for other flavors"
+            )
+            Price.objects.bulk_create(
+                Price(book=book, resource=resource, per_hour=per_hour, effective_from=STANDARD_FROM)
+                for resource, per_hour in STANDARD_PRICES.items()
+            )
+    except IntegrityError:
+        pass  # another worker created it, or a book named "standard" exists but is not the default
+    book = PriceBook.objects.filter(is_default=True).first()
+    if book is None:
+        raise BillingError("no default price book: mark one as default in the admin (Billing > Price books)")
+    return book
+
+
+def _book_model(tenant_id: int) -> PriceBook:
+    account = BillingAccount.objects.filter(tenant_id=tenant_id).select_related("price_book").first()
+    return account.price_book if account and account.price_book else default_price_book()
+
+
+def load_price_book(book: PriceBook) -> rating.PriceBook:
+    changes = [
+        rating.PriceChange(resource=resource, effective_from=effective_from, per_hour=per_hour)
+        for resource, effective_from, per_hour in Price.objects.filter(book=book).values_list(
+            "resource", "effective_from", "per_hour"
+        )
+    ]
+    return rating.PriceBook(book.name, changes, currency=book.currency)
+
+
+def price_book_for(tenant_id: int) -> rating.PriceBook:
+    return load_price_book(_book_model(tenant_id))
+
+
+# --- invoices --------------------------------------------------------------------------------------
+
+
+def parse_period(text: str) -> date:
+    """``YYYY-MM`` to the period's first day; a clear error otherwise."""
+    try:
+        year, month = (int(part) for part in text.split("-"))
+        return date(year, month, 1)
+    except (ValueError, TypeError):
+        raise BillingError(f"period {text!r}: write it as YYYY-MM, e.g. 2026-11", field="period") from None
+
+
+def _rated(entries: Iterable[LedgerEntry], book: rating.PriceBook, period: date) -> rating.RatedInvoice:
+    return rating.rate(
+        (
+            rating.RatedUsage(
+                job_id=e.job_id,
+                flavor=e.flavor,
+                period=e.period,
+                start_ms=e.start_ms,
+                duration_ms=e.duration_ms,
+                nau_milli=e.nau_milli,
+            )
+            for e in entries
+        ),
+        book,
+        period,
+    )
+
+
+def _open_invoice(tenant_id: int, period: date) -> Invoice:
+    """The tenant's invoice for the period, created if missing, locked for this transaction.
+
+    However many runs race, the unique constraint lets one insert win; the rest find its row.
+    """
+    book = _book_model(tenant_id)
+    Invoice.objects.bulk_create(
+        [Invoice(tenant_id=tenant_id, period=period, currency=book.currency, price_book=book.name)],
+        ignore_conflicts=True,
+    )
+    return Invoice.objects.select_for_update().select_related("tenant").get(tenant_id=tenant_id, period=period)
+
+
+def _billable(tenant_id: int, period: date) -> Any:
+    """Unbilled entries this invoice covers: its period's, and earlier periods' that no draft of their
+    own is waiting for (late usage of an invoiced period: adjustment lines)."""
+    drafted_earlier = Invoice.objects.filter(
+        tenant_id=tenant_id, period__lt=period, status=InvoiceStatus.DRAFT
+    ).values_list("period", flat=True)
+    return LedgerEntry.objects.filter(tenant_id=tenant_id, invoice__isnull=True, period__lte=period).exclude(
+        period__in=list(drafted_earlier)
+    )
+
+
+def _write_lines(invoice: Invoice, rated: rating.RatedInvoice) -> None:
+    invoice.lines.all().delete()
+    InvoiceLine.objects.bulk_create(
+        [
+            InvoiceLine(
+                invoice=invoice,
+                position=position,
+                kind=line.kind,
+                job_id=line.job_id,
+                flavor=line.flavor,
+                usage_period=line.usage_period,
+                unit=line.unit,
+                unit_price=line.unit_price,
+                quantity_ms=line.quantity_ms,
+                amount=line.amount,
+            )
+            for position, line in enumerate(rated.lines, start=1)
+        ],
+        batch_size=INGEST_CHUNK,
+    )
+
+
+def draft_invoice(tenant_id: int, period: date) -> InvoiceView:
+    """Create or refresh the tenant's draft for the period from the ledger as it stands; a finalized
+    invoice is returned unchanged. Safe to run any number of times, concurrently."""
+    with transaction.atomic():
+        invoice = _open_invoice(tenant_id, period)
+        if invoice.status == InvoiceStatus.DRAFT:
+            rated = _rated(_billable(tenant_id, period), price_book_for(tenant_id), period)
+            _write_lines(invoice, rated)
+            Invoice.objects.filter(pk=invoice.pk).update(total=rated.total, updated_at=timezone.now())
+    return get_invoice(tenant_id=tenant_id, invoice_id=invoice.pk)
+
+
+def finalize_invoice(tenant_id: int, period: date, *, now: datetime | None = None) -> InvoiceView:
+    """Bill the period: claim its unbilled ledger entries (and earlier periods' late ones), rate them,
+    and freeze the invoice. Idempotent: a finalized invoice is returned as it is."""
+    now = now or timezone.now()
+    if rating.epoch_ms(now) < rating.period_bounds_ms(period)[1]:
+        raise BillingError(f"period {period:%Y-%m} has not ended: finalize it from its last day on", field="period")
+    with transaction.atomic():
+        invoice = _open_invoice(tenant_id, period)
+        if invoice.status == InvoiceStatus.FINALIZED:
+            return get_invoice(tenant_id=tenant_id, invoice_id=invoice.pk)
+        earlier = (
+            Invoice.objects.filter(tenant_id=tenant_id, period__lt=period, status=InvoiceStatus.DRAFT)
+            .order_by("period")
+            .first()
+        )
+        if earlier is not None:
+            raise BillingError(
+                f"the invoice for {earlier.period:%Y-%m} is still a draft: finalize periods in order", field="period"
+            )
+        # Claim exactly the entries seen here; one the relay posts meanwhile stays unbilled and goes on
+        # the next invoice as an adjustment.
+        claimed = list(_billable(tenant_id, period).select_for_update().values_list("pk", flat=True))
+        LedgerEntry.objects.filter(pk__in=claimed, invoice__isnull=True).update(invoice=invoice)
+        rated = _rated(LedgerEntry.objects.filter(invoice=invoice), price_book_for(tenant_id), period)
+        _write_lines(invoice, rated)
+        Invoice.objects.filter(pk=invoice.pk).update(
+            total=rated.total, status=InvoiceStatus.FINALIZED, finalized_at=now, updated_at=now
+        )
+    return get_invoice(tenant_id=tenant_id, invoice_id=invoice.pk)
+
+
+def tenants_to_invoice(period: date) -> list[int]:
+    """Tenants with unbilled usage up to the period, or a draft for it."""
+    with_usage = LedgerEntry.objects.filter(invoice__isnull=True, period__lte=period).values_list(
+        "tenant_id", flat=True
+    )
+    with_draft = Invoice.objects.filter(period=period, status=InvoiceStatus.DRAFT).values_list("tenant_id", flat=True)
+    return sorted(set(with_usage.distinct()) | set(with_draft))
+
+
+def run_invoices(period: date, *, finalize: bool, now: datetime | None = None) -> list[InvoiceView]:
+    """Draft (or finalize) the period's invoice of every tenant that has something to bill, after
+    posting the outbox so nothing ingested so far is left out."""
+    relay_usage()
+    action = (lambda t: finalize_invoice(t, period, now=now)) if finalize else (lambda t: draft_invoice(t, period))
+    return [action(tenant_id) for tenant_id in tenants_to_invoice(period)]
+
+
+def _invoice_view(invoice: Invoice, *, with_lines: bool) -> InvoiceView:
+    lines: tuple[InvoiceLineView, ...] = ()
+    flavors: tuple[tuple[str, Decimal], ...] = ()
+    if with_lines:
+        rows = list(invoice.lines.order_by("position"))
+        lines = tuple(
+            InvoiceLineView(
+                position=row.position,
+                kind=row.kind,
+                job_id=row.job_id,
+                flavor=row.flavor,
+                usage_period=row.usage_period,
+                unit=row.unit,
+                unit_price=row.unit_price,
+                quantity_ms=row.quantity_ms,
+                hours=_hours(row.quantity_ms, row.unit),
+                amount=row.amount,
+            )
+            for row in rows
+        )
+        sums: dict[str, Decimal] = defaultdict(lambda: Decimal("0.00"))
+        for row in rows:
+            sums[row.flavor] += row.amount
+        flavors = tuple(sorted(sums.items()))
+    return InvoiceView(
+        id=invoice.pk,
+        number=invoice.number,
+        tenant_id=invoice.tenant_id,
+        tenant_slug=invoice.tenant.slug,
+        period=invoice.period,
+        status=invoice.status,
+        currency=invoice.currency,
+        price_book=invoice.price_book,
+        total=invoice.total,
+        created_at=invoice.created_at,
+        finalized_at=invoice.finalized_at,
+        lines=lines,
+        by_flavor=flavors,
+    )
+
+
+def _hours(quantity_ms: int, unit: str) -> Decimal:
+    scale = rating.MS_PER_HOUR * (rating.MILLI_NAU if unit == "NAU-hour" else 1)
+    return (Decimal(quantity_ms) / Decimal(scale)).quantize(Decimal("0.000001"))
+
+
+def list_invoices(tenant_id: int) -> list[InvoiceView]:
+    invoices = Invoice.objects.filter(tenant_id=tenant_id).select_related("tenant").order_by("-period")
+    return [_invoice_view(invoice, with_lines=False) for invoice in invoices]
+
+
+def get_invoice(*, tenant_id: int, invoice_id: int) -> InvoiceView:
+    invoice = Invoice.objects.filter(tenant_id=tenant_id, pk=invoice_id).select_related("tenant").first()
+    if invoice is None:
+        raise InvoiceNotFound(f"no invoice {invoice_id}", field="invoice")
+    return _invoice_view(invoice, with_lines=True)
+
+
+# --- usage out -------------------------------------------------------------------------------------
 
 
 def usage_by_flavor(*, tenant_id: int, job_id: int | None = None) -> list[FlavorUsage]:
@@ -53,3 +500,203 @@ def usage_by_flavor(*, tenant_id: int, job_id: int | None = None) -> list[Flavor
         FlavorUsage(flavor=row["flavor"], devices=row["devices"], duration_ms=int(row["total"] or 0))
         for row in rows.order_by("flavor")
     ]
+
+
+def ledger_entries(*, tenant_id: int, period: date | None = None) -> Iterable[LedgerEntryView]:
+    """The tenant's ledger, oldest first, streamed (for JSON and CSV exports)."""
+    entries = LedgerEntry.objects.filter(tenant_id=tenant_id)
+    if period is not None:
+        entries = entries.filter(period=period)
+    rows = entries.order_by("start_ms", "key").values_list(
+        "key",
+        "job_id",
+        "record__device_id",
+        "flavor",
+        "period",
+        "start_ms",
+        "duration_ms",
+        "nau_milli",
+        "invoice__period",
+        "invoice__tenant_id",
+    )
+    for (
+        key,
+        job_id,
+        device_id,
+        flavor,
+        period_,
+        start_ms,
+        ms,
+        nau_milli,
+        invoice_period,
+        invoice_tenant,
+    ) in rows.iterator(chunk_size=2000):
+        started = rating.from_epoch_ms(start_ms)
+        yield LedgerEntryView(
+            key=key,
+            job_id=job_id,
+            device_id=device_id,
+            flavor=flavor,
+            period=period_,
+            started_at=started,
+            ended_at=rating.from_epoch_ms(start_ms + ms),
+            duration_ms=ms,
+            nau_milli=nau_milli,
+            invoice_number=f"INV-{invoice_period:%Y%m}-{invoice_tenant:05d}" if invoice_period else None,
+        )
+
+
+# --- budgets ---------------------------------------------------------------------------------------
+
+
+def _period_usage(
+    tenant_id: int, period: date, book: rating.PriceBook, open_usage: Iterable[OpenUsage], now: datetime
+) -> list[rating.RatedUsage]:
+    """What the tenant used in the period so far: the ledger, the outbox not yet posted, open allocations."""
+    start_ms, end_ms = rating.period_bounds_ms(period)
+    entries = LedgerEntry.objects.filter(tenant_id=tenant_id, period=period)
+    if book.constant_between(start_ms, end_ms):
+        # One price per flavor all month: sums per flavor and NAU rate price the same as each entry.
+        usages = [
+            rating.RatedUsage(
+                0, row["flavor"], period, start_ms, int(row["total"]), row["nau_milli"], price_at=start_ms
+            )
+            for row in entries.values("flavor", "nau_milli").annotate(total=Sum("duration_ms"))
+        ]
+    else:
+        usages = [
+            rating.RatedUsage(job_id, flavor, period, entry_start, ms, nau)
+            for job_id, flavor, entry_start, ms, nau in entries.values_list(
+                "job_id", "flavor", "start_ms", "duration_ms", "nau_milli"
+            )
+        ]
+    pending = UsageRecord.objects.filter(tenant_id=tenant_id, outbox__isnull=False).values_list(
+        "job_id", "flavor", "started_at", "duration_ms", "nau_milli"
+    )
+    spans = [(job_id, flavor, rating.epoch_ms(started), ms, nau) for job_id, flavor, started, ms, nau in pending]
+    now_ms = rating.epoch_ms(now)
+    spans += [
+        (u.job_id, u.flavor, rating.epoch_ms(u.started_at), now_ms - rating.epoch_ms(u.started_at), u.nau_milli)
+        for u in open_usage
+        if u.tenant_id == tenant_id
+    ]
+    for job_id, flavor, begin, ms, nau in spans:
+        clipped_start, clipped_end = max(begin, start_ms), min(begin + ms, end_ms)
+        if clipped_end > clipped_start:
+            usages.append(rating.RatedUsage(job_id, flavor, period, clipped_start, clipped_end - clipped_start, nau))
+    return usages
+
+
+def budget_status(tenant_id: int, open_usage: Iterable[OpenUsage] = (), *, now: datetime | None = None) -> BudgetStatus:
+    """The tenant's spend this month (rounded once, as a whole) against its budgets."""
+    now = now or timezone.now()
+    period = rating.period_of(rating.epoch_ms(now))
+    account = BillingAccount.objects.filter(tenant_id=tenant_id).first()
+    book = price_book_for(tenant_id)
+    spend = rating.estimate(_period_usage(tenant_id, period, book, open_usage, now), book)
+    alerts = BudgetAlert.objects.filter(tenant_id=tenant_id, period=period).values_list("level", flat=True)
+    return BudgetStatus(
+        tenant_id=tenant_id,
+        period=period,
+        currency=book.currency,
+        spend=spend,
+        soft_budget=account.soft_budget if account else None,
+        hard_budget=account.hard_budget if account else None,
+        alerts=tuple(sorted(alerts)),
+    )
+
+
+def tenants_with_budgets(tenant_ids: Iterable[int] | None = None) -> list[int]:
+    accounts = BillingAccount.objects.filter(Q(soft_budget__isnull=False) | Q(hard_budget__isnull=False))
+    if tenant_ids is not None:
+        accounts = accounts.filter(tenant_id__in=list(tenant_ids))
+    return list(accounts.values_list("tenant_id", flat=True))
+
+
+def check_budgets(
+    tenant_ids: Iterable[int] | None, open_usage: Sequence[OpenUsage], *, now: datetime | None = None
+) -> dict[int, BudgetStatus]:
+    """Each budgeted tenant's status, raising an alert the first time a budget is crossed in a period."""
+    now = now or timezone.now()
+    statuses: dict[int, BudgetStatus] = {}
+    for tenant_id in tenants_with_budgets(tenant_ids):
+        status = budget_status(tenant_id, open_usage, now=now)
+        for level, budget, reached in (
+            (BudgetAlert.Level.SOFT, status.soft_budget, status.soft_reached),
+            (BudgetAlert.Level.HARD, status.hard_budget, status.hard_reached),
+        ):
+            if reached and budget is not None and level not in status.alerts:
+                _alert(status, level, budget)
+        statuses[tenant_id] = status
+    return statuses
+
+
+def _alert(status: BudgetStatus, level: str, budget: Decimal) -> None:
+    try:
+        with transaction.atomic():
+            BudgetAlert.objects.create(
+                tenant_id=status.tenant_id, period=status.period, level=level, spend=status.spend, budget=budget
+            )
+    except IntegrityError:
+        return  # another worker raised it first
+    log.warning(
+        "tenant %s crossed its %s budget for %s: %s %s of %s",
+        status.tenant_id,
+        level,
+        f"{status.period:%Y-%m}",
+        status.currency,
+        status.spend,
+        budget,
+    )
+
+
+def hard_budget_reason(status: BudgetStatus) -> str:
+    next_month = rating.next_period(status.period)
+    return (
+        f"hard budget reached: {status.currency} {status.spend} spent of {status.hard_budget} in "
+        f"{status.period:%Y-%m}; raise the budget (billing settings) or wait until {next_month.isoformat()}"
+    )
+
+
+def set_budgets(tenant_id: int, *, soft: Decimal | None, hard: Decimal | None) -> BudgetStatus:
+    for name, value in (("soft_budget", soft), ("hard_budget", hard)):
+        if value is not None and (not value.is_finite() or value < 0 or value != value.quantize(Decimal("0.01"))):
+            raise BillingError(f"{name} must be a non-negative amount with at most 2 decimals", field=name)
+    BillingAccount.objects.update_or_create(tenant_id=tenant_id, defaults={"soft_budget": soft, "hard_budget": hard})
+    return budget_status(tenant_id)
+
+
+# --- reconciliation --------------------------------------------------------------------------------
+
+
+def reconcile(allocated: Mapping[tuple[int, str], int]) -> Reconciliation:
+    """Compare what allocations held (per tenant and flavor, from the caller) with usage records and the
+    ledger. Every (tenant, flavor) seen anywhere gets a row; rows that disagree are listed."""
+    from tenants.models import Tenant
+
+    recorded = _sums(UsageRecord.objects.all(), "duration_ms")
+    ledger = _sums(LedgerEntry.objects.all(), "duration_ms")
+    pending = _sums(UsageRecord.objects.filter(outbox__isnull=False), "duration_ms")
+    keys = sorted(set(allocated) | set(recorded) | set(ledger))
+    slugs = dict(Tenant.objects.filter(pk__in={t for t, _ in keys}).values_list("pk", "slug"))
+    rows = tuple(
+        ReconciliationRow(
+            tenant_id=tenant_id,
+            tenant_slug=slugs.get(tenant_id, str(tenant_id)),
+            flavor=flavor,
+            allocated_ms=allocated.get((tenant_id, flavor), 0),
+            recorded_ms=recorded.get((tenant_id, flavor), 0),
+            ledger_ms=ledger.get((tenant_id, flavor), 0),
+            pending_ms=pending.get((tenant_id, flavor), 0),
+        )
+        for tenant_id, flavor in keys
+    )
+    differences = tuple(row for row in rows if row.difference_ms != 0 or row.recorded_ms != row.allocated_ms)
+    return Reconciliation(rows=rows, differences=differences)
+
+
+def _sums(queryset: Any, column: str) -> dict[tuple[int, str], int]:
+    return {
+        (row["tenant_id"], row["flavor"]): int(row["total"] or 0)
+        for row in queryset.values("tenant_id", "flavor").annotate(total=Sum(column))
+    }

@@ -15,7 +15,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -25,6 +25,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from billing import services as billing
 from jobs import throughput
 from jobs.models import (
     TERMINAL_STATES,
@@ -406,6 +407,10 @@ def _cycle(tasks: Any) -> CycleReport:
     """Decide and apply, inside the caller's transaction and under the admission lock."""
     snapshot_at = timezone.now()
     snapshot = load_snapshot(snapshot_at)
+    over_budget = _over_hard_budget({job.tenant_id for job in snapshot.pending}, snapshot_at)
+    if over_budget:
+        # A tenant past its hard budget admits nothing new; its queued jobs wait, saying why.
+        snapshot = replace(snapshot, pending=[job for job in snapshot.pending if job.tenant_id not in over_budget])
     # Allocations start after the snapshot was read: an allocation that a concurrent finish
     # closed just before it must not appear to overlap its successor on the same device.
     now = timezone.now()
@@ -422,7 +427,8 @@ def _cycle(tasks: Any) -> CycleReport:
             victims = ", ".join(str(v) for v in admission.preempts)
             making_room.append((admission.job_id, f"making room: preempting job {victims}"))
     admitted, requeued = _admit_all((a for a in result.admissions if not a.preempts), now)
-    waiting = _record_waiting([*making_room, *((w.job_id, w.reason) for w in result.waiting)])
+    budget_waiting = [(job_id, over_budget[tenant_id]) for job_id, tenant_id in _queued_of(over_budget)]
+    waiting = _record_waiting([*making_room, *budget_waiting, *((w.job_id, w.reason) for w in result.waiting)])
     if making_room:
         transaction.on_commit(tasks.admit_queued_jobs.delay, robust=True)
     AdmissionLock.objects.filter(pk=1).update(last_cycle_at=now)
@@ -434,6 +440,25 @@ def _cycle(tasks: Any) -> CycleReport:
         decide_s=decide_s,
         snapshot_at=snapshot_at,
         decided=tuple(job.job_id for job in snapshot.pending),
+    )
+
+
+def _over_hard_budget(tenant_ids: set[int], now: datetime) -> dict[int, str]:
+    """Tenants among ``tenant_ids`` whose spend this month reached their hard budget, with the reason."""
+    from jobs.services import open_usage
+
+    budgeted = billing.tenants_with_budgets(tenant_ids) if tenant_ids else []
+    if not budgeted:
+        return {}
+    statuses = billing.check_budgets(budgeted, open_usage(budgeted), now=now)
+    return {tenant_id: billing.hard_budget_reason(s) for tenant_id, s in statuses.items() if s.hard_reached}
+
+
+def _queued_of(tenants: Mapping[int, str]) -> list[tuple[int, int]]:
+    if not tenants:
+        return []
+    return list(
+        TrainingJob.objects.filter(state=JobState.QUEUED, tenant_id__in=list(tenants)).values_list("pk", "tenant_id")
     )
 
 

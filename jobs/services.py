@@ -23,7 +23,7 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from billing import services as billing
-from billing.contracts import UsageInterval
+from billing.contracts import OpenUsage, UsageInterval
 from jobs import recovery, throughput
 from jobs.backends import get_backend
 from jobs.contracts import DeviceView, EventView, FlavorPoolView, JobView, QueuedJobView, QuotaUsageView
@@ -509,12 +509,23 @@ def claim_transition(
     return job
 
 
+def nau_rates(job_classes: Iterable[str]) -> dict[tuple[str, str], int]:
+    """Milli-NAU per device for each (job class, flavor): what a price per NAU-hour charges for."""
+    from jobs.admission import throughput_matrix
+
+    return throughput_matrix().rates(set(job_classes))
+
+
 def end_allocations(job: TrainingJob, ended_at: datetime) -> int:
-    """Close the job's open allocations and write their usage in the current transaction."""
+    """Close the job's open allocations and write their usage in the current transaction (billing's
+    outbox goes with it, so the ledger learns of every interval exactly once)."""
     open_allocations = list(job.allocations.filter(ended_at__isnull=True).select_related("device__flavor"))
+    if not open_allocations:
+        return 0
     for allocation in open_allocations:
         allocation.ended_at = ended_at
     Allocation.objects.bulk_update(open_allocations, ["ended_at"])
+    rates = nau_rates([job.job_class])
     billing.record_usage(
         UsageInterval(
             key=f"allocation:{a.pk}",
@@ -524,10 +535,32 @@ def end_allocations(job: TrainingJob, ended_at: datetime) -> int:
             flavor=a.device.flavor.name,
             started_at=a.started_at,
             ended_at=ended_at,
+            nau_milli=rates.get((job.job_class, a.device.flavor.name), 1000),
         )
         for a in open_allocations
     )
     return len(open_allocations)
+
+
+def open_usage(tenant_ids: Iterable[int] | None = None) -> list[OpenUsage]:
+    """The devices jobs hold now, for budgets: they cost money before any usage record exists."""
+    allocations = Allocation.objects.filter(ended_at__isnull=True)
+    if tenant_ids is not None:
+        allocations = allocations.filter(job__tenant_id__in=list(tenant_ids))
+    rows = list(
+        allocations.values_list("job__tenant_id", "job_id", "job__job_class", "device__flavor__name", "started_at")
+    )
+    rates = nau_rates({job_class for _, _, job_class, _, _ in rows}) if rows else {}
+    return [
+        OpenUsage(
+            tenant_id=tenant_id,
+            job_id=job_id,
+            flavor=flavor,
+            started_at=started_at,
+            nau_milli=rates.get((job_class, flavor), 1000),
+        )
+        for tenant_id, job_id, job_class, flavor, started_at in rows
+    ]
 
 
 def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> JobView:
