@@ -185,9 +185,18 @@ POLYCHIP_SWEEP_SECONDS = float(os.environ.get("POLYCHIP_SWEEP_SECONDS", "1.0"))
 # A sweep that could not run within its period is superseded by the next one: expire it rather
 # than let them pile up while both worker slots are busy launching or tearing down.
 _SWEEP = {"schedule": POLYCHIP_SWEEP_SECONDS, "options": {"expires": POLYCHIP_SWEEP_SECONDS * 2}}
+# The usage outbox is posted to the ledger every few seconds; budgets are checked twice a minute
+# (admission also checks a tenant's hard budget before it admits anything of it).
+POLYCHIP_RELAY_SECONDS = float(os.environ.get("POLYCHIP_RELAY_SECONDS", "5"))
 CELERY_BEAT_SCHEDULE = {
     "admit-queued-jobs": {"task": "jobs.tasks.admit_queued_jobs", **_SWEEP},
     "observe-running-jobs": {"task": "jobs.tasks.observe_running_jobs", **_SWEEP},
+    "relay-usage": {
+        "task": "billing.tasks.relay_usage",
+        "schedule": POLYCHIP_RELAY_SECONDS,
+        "options": {"expires": POLYCHIP_RELAY_SECONDS * 2},
+    },
+    "check-budgets": {"task": "jobs.tasks.check_budgets", "schedule": 30.0, "options": {"expires": 60.0}},
 }
 
 # --- Channels -----------------------------------------------------------------------------

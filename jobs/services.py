@@ -23,7 +23,7 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from billing import services as billing
-from billing.contracts import OpenUsage, UsageInterval
+from billing.contracts import BudgetStatus, OpenUsage, UsageInterval
 from jobs import recovery, throughput
 from jobs.backends import get_backend
 from jobs.contracts import DeviceView, EventView, FlavorPoolView, JobView, QueuedJobView, QuotaUsageView
@@ -561,6 +561,12 @@ def open_usage(tenant_ids: Iterable[int] | None = None) -> list[OpenUsage]:
         )
         for tenant_id, job_id, job_class, flavor, started_at in rows
     ]
+
+
+def check_budgets() -> dict[int, BudgetStatus]:
+    """Every budgeted tenant's spend this month, open allocations included (alerts as they cross)."""
+    budgeted = billing.tenants_with_budgets()
+    return billing.check_budgets(budgeted, open_usage(budgeted)) if budgeted else {}
 
 
 def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> JobView:

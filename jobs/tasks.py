@@ -50,3 +50,9 @@ def observe_running_jobs() -> None:
         log.exception("sweep: scoring device health failed; retrying next round")
     _each(services.stale_admitted_job_ids(), provision_job.delay, "re-provisioning")
     _each(services.untorn_job_ids(), teardown_job.delay, "tearing down")
+
+
+@shared_task(ignore_result=True)
+def check_budgets() -> int:
+    """Raise each budget alert once per period, open allocations included; returns tenants checked."""
+    return len(services.check_budgets())
