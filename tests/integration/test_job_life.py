@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from billing.models import UsageRecord
+from billing.models import LedgerEntry, UsageOutbox, UsageRecord
+from billing.rating import epoch_ms
 from jobs.models import Allocation, JobEvent, JobState, TrainingJob
 from tests.processes import processes_mentioning
 from tests.stack import portal_session
@@ -50,9 +51,14 @@ def test_a_submitted_job_trains_to_success_and_is_metered(api_for, tenants, pool
     assert set(records) == {f"allocation:{a.pk}" for a in allocations}
     for allocation in allocations:
         record = records[f"allocation:{allocation.pk}"]
-        expected_ms = (allocation.ended_at - allocation.started_at) // __import__("datetime").timedelta(milliseconds=1)
+        expected_ms = epoch_ms(allocation.ended_at) - epoch_ms(allocation.started_at)
         assert record.duration_ms == expected_ms > 0
         assert record.tenant_id == acme.id and record.flavor == "a100-sxm"
+    # The stack's beat posts the usage outbox to the ledger within a few seconds, every millisecond of it.
+    _wait(lambda: not UsageOutbox.objects.filter(record__job_id=job_id).exists(), timeout_s=30)
+    ledger = LedgerEntry.objects.filter(job_id=job_id)
+    assert sum(e.duration_ms for e in ledger) == sum(r.duration_ms for r in records.values())
+    assert {e.record.key for e in ledger} == set(records)
 
     usage = api.get(f"/api/v1/jobs/{job_id}/usage").json()["usage"]
     assert usage == [

@@ -28,9 +28,15 @@ def interval(tenant_id: int, key: str, held: timedelta) -> UsageInterval:
     )
 
 
-def test_durations_are_whole_milliseconds_across_days():
+def test_durations_are_whole_milliseconds_between_truncated_ends():
+    # Both ends are cut to the millisecond, then subtracted: back-to-back intervals on one device
+    # then tile exactly, with no millisecond lost or counted twice between them. START sits at
+    # .999999 s, so it counts from .999; the end, 4.999 ms later past 2 d 3 s, lands at .004998 → .004.
     held = timedelta(days=2, seconds=3, microseconds=4_999)
-    assert billing.duration_ms(interval(1, "k", held)) == 2 * 86_400_000 + 3_000 + 4
+    assert billing.duration_ms(interval(1, "k", held)) == 2 * 86_400_000 + 3_000 + 5
+    first = interval(1, "a", timedelta(microseconds=1_500))
+    second = UsageInterval(**{**first.__dict__, "key": "b", "started_at": first.ended_at, "ended_at": START + held})
+    assert billing.duration_ms(first) + billing.duration_ms(second) == billing.duration_ms(interval(1, "c", held))
 
 
 def test_replaying_the_same_usage_changes_nothing(tenants):
