@@ -502,6 +502,20 @@ def usage_by_flavor(*, tenant_id: int, job_id: int | None = None) -> list[Flavor
     ]
 
 
+def usage_cost(*, tenant_id: int, job_id: int) -> dict[str, Decimal]:
+    """What the job's recorded usage costs per flavor at the tenant's prices, each flavor rounded once
+    (an estimate for the job's page: the invoice rounds per line)."""
+    book = price_book_for(tenant_id)
+    by_flavor: dict[str, list[rating.RatedUsage]] = defaultdict(list)
+    records = UsageRecord.objects.filter(tenant_id=tenant_id, job_id=job_id).values_list(
+        "flavor", "started_at", "duration_ms", "nau_milli"
+    )
+    for flavor, started_at, ms, nau_milli in records:
+        start_ms = rating.epoch_ms(started_at)
+        by_flavor[flavor].append(rating.RatedUsage(job_id, flavor, rating.period_of(start_ms), start_ms, ms, nau_milli))
+    return {flavor: rating.estimate(usages, book) for flavor, usages in sorted(by_flavor.items())}
+
+
 def ledger_entries(*, tenant_id: int, period: date | None = None) -> Iterable[LedgerEntryView]:
     """The tenant's ledger, oldest first, streamed (for JSON and CSV exports)."""
     entries = LedgerEntry.objects.filter(tenant_id=tenant_id)

@@ -228,7 +228,8 @@ def follow(client: Client, job_id: int, timeout_s: float) -> dict[str, Any]:
 
 
 def summarize(client: Client, job: dict[str, Any], wall_s: float) -> None:
-    usage = client.usage(job["id"])["usage"]
+    metered = client.usage(job["id"])
+    usage, currency = metered["usage"], metered["currency"]
     devices = ", ".join(f"rank {d['rank']}: {d['device_id']} ({d['flavor']})" for d in job["devices"])
     loss = job["loss"]
     print("\n── summary ─────────────────────────────────────────────")
@@ -243,7 +244,10 @@ def summarize(client: Client, job: dict[str, Any], wall_s: float) -> None:
     print(f"wall time    {wall_s:.1f} s from submission to {job['state']}")
     for row in usage:
         devices = f"{row['devices']} device{'s' if row['devices'] != 1 else ''}"
-        print(f"usage        {row['flavor']}: {row['device_seconds']:.3f} device-seconds on {devices}")
+        print(
+            f"usage        {row['flavor']}: {row['device_seconds']} device-seconds on {devices}, "
+            f"{currency} {row['cost']} at list price"
+        )
     if job["artifact"]:
         print(f"model        {job['artifact']}")
     print("─────────────────────────────────────────────────────────")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from rest_framework import status
@@ -95,17 +96,20 @@ class JobUsageView(APIView):
         tenant_id = request_tenant_id(request)
         _job_or_404(tenant_id, job_id)
         rows = billing.usage_by_flavor(tenant_id=tenant_id, job_id=job_id)
+        costs = billing.usage_cost(tenant_id=tenant_id, job_id=job_id)
         return Response(
             {
+                "currency": billing.price_book_for(tenant_id).currency,
                 "usage": [
                     {
                         "flavor": r.flavor,
                         "devices": r.devices,
                         "duration_ms": r.duration_ms,
-                        "device_seconds": r.device_seconds,
+                        "device_seconds": str(r.device_seconds),
+                        "cost": str(costs.get(r.flavor, Decimal("0.00"))),
                     }
                     for r in rows
-                ]
+                ],
             }
         )
 

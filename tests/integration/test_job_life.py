@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,13 @@ def test_a_submitted_job_trains_to_success_and_is_metered(api_for, tenants, pool
             "flavor": "a100-sxm",
             "devices": 2,
             "duration_ms": sum(r.duration_ms for r in records.values()),
-            "device_seconds": sum(r.duration_ms for r in records.values()) / 1000,
+            "device_seconds": str(Decimal(sum(r.duration_ms for r in records.values())).scaleb(-3)),
+            # The standard price book's a100-sxm list price, rounded once for the flavor.
+            "cost": str(
+                (Decimal("2.1") * sum(r.duration_ms for r in records.values()) / 3_600_000).quantize(
+                    Decimal("0.01"), rounding=ROUND_HALF_UP
+                )
+            ),
         }
     ]
 
