@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
+from decimal import MAX_PREC, Context, Decimal
 
 MS_PER_HOUR = 3_600_000
 MILLI_NAU = 1000  # a usage's NAU rate is in thousandths of a NAU per device
@@ -103,7 +103,7 @@ def price_units(price: Decimal) -> int:
     """A price per hour as an integer of 1e-12 currency units; more decimals than that is an error."""
     if not price.is_finite() or price < 0:
         raise RatingError(f"a price must be a non-negative amount, not {price}")
-    scaled = price.scaleb(PRICE_DECIMALS)
+    scaled = price.scaleb(PRICE_DECIMALS, context=Context(prec=MAX_PREC))  # exact: never rounded to 28 digits
     if scaled != scaled.to_integral_value():
         raise RatingError(f"price {price} has more than {PRICE_DECIMALS} decimal places")
     return int(scaled)
@@ -221,8 +221,13 @@ class Line:
 
     @property
     def hours(self) -> Decimal:
-        scale = MS_PER_HOUR * (MILLI_NAU if self.unit == "NAU-hour" else 1)
-        return (Decimal(self.quantity_ms) / Decimal(scale)).quantize(Decimal("0.000001"))
+        return hours(self.quantity_ms, self.unit)
+
+
+def hours(quantity_ms: int, unit: str) -> Decimal:
+    """A line's quantity in its unit's hours (device-hours, or NAU-hours), to the microhour, for display."""
+    scale = MS_PER_HOUR * (MILLI_NAU if unit == "NAU-hour" else 1)
+    return (Decimal(quantity_ms) / Decimal(scale)).quantize(Decimal("0.000001"))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
@@ -338,14 +339,29 @@ def _open_invoice(tenant_id: int, period: date) -> Invoice:
 
 
 def _billable(tenant_id: int, period: date) -> Any:
-    """Unbilled entries this invoice covers: its period's, and earlier periods' that no draft of their
-    own is waiting for (late usage of an invoiced period: adjustment lines)."""
-    drafted_earlier = Invoice.objects.filter(
-        tenant_id=tenant_id, period__lt=period, status=InvoiceStatus.DRAFT
+    """Unbilled entries this invoice covers: its period's, and late ones of earlier periods that were
+    already invoiced (finalized): those become adjustment lines."""
+    invoiced_earlier = Invoice.objects.filter(
+        tenant_id=tenant_id, period__lt=period, status=InvoiceStatus.FINALIZED
     ).values_list("period", flat=True)
-    return LedgerEntry.objects.filter(tenant_id=tenant_id, invoice__isnull=True, period__lte=period).exclude(
-        period__in=list(drafted_earlier)
+    return LedgerEntry.objects.filter(tenant_id=tenant_id, invoice__isnull=True).filter(
+        Q(period=period) | Q(period__in=list(invoiced_earlier))
     )
+
+
+def _unsettled_before(tenant_id: int, period: date) -> list[date]:
+    """Earlier periods that still need their own invoice finalized: a draft, or unbilled usage and no
+    invoice at all. They come first: an invoice never bills another period's usage before that
+    period was invoiced."""
+    drafts = Invoice.objects.filter(tenant_id=tenant_id, period__lt=period, status=InvoiceStatus.DRAFT)
+    invoiced = Invoice.objects.filter(tenant_id=tenant_id, period__lt=period).values_list("period", flat=True)
+    uninvoiced = (
+        LedgerEntry.objects.filter(tenant_id=tenant_id, invoice__isnull=True, period__lt=period)
+        .exclude(period__in=list(invoiced))
+        .values_list("period", flat=True)
+        .distinct()
+    )
+    return sorted(set(drafts.values_list("period", flat=True)) | set(uninvoiced))
 
 
 def _write_lines(invoice: Invoice, rated: rating.RatedInvoice) -> None:
@@ -392,14 +408,12 @@ def finalize_invoice(tenant_id: int, period: date, *, now: datetime | None = Non
         invoice = _open_invoice(tenant_id, period)
         if invoice.status == InvoiceStatus.FINALIZED:
             return get_invoice(tenant_id=tenant_id, invoice_id=invoice.pk)
-        earlier = (
-            Invoice.objects.filter(tenant_id=tenant_id, period__lt=period, status=InvoiceStatus.DRAFT)
-            .order_by("period")
-            .first()
-        )
-        if earlier is not None:
+        earlier = _unsettled_before(tenant_id, period)
+        if earlier:
             raise BillingError(
-                f"the invoice for {earlier.period:%Y-%m} is still a draft: finalize periods in order", field="period"
+                f"{earlier[0]:%Y-%m} is not invoiced yet (a draft, or usage without an invoice): finalize "
+                "periods in order",
+                field="period",
             )
         # Claim exactly the entries seen here; one the relay posts meanwhile stays unbilled and goes on
         # the next invoice as an adjustment.
@@ -414,20 +428,45 @@ def finalize_invoice(tenant_id: int, period: date, *, now: datetime | None = Non
 
 
 def tenants_to_invoice(period: date) -> list[int]:
-    """Tenants with unbilled usage up to the period, or a draft for it."""
+    """Tenants with unbilled usage up to the period, or a draft up to it."""
     with_usage = LedgerEntry.objects.filter(invoice__isnull=True, period__lte=period).values_list(
         "tenant_id", flat=True
     )
-    with_draft = Invoice.objects.filter(period=period, status=InvoiceStatus.DRAFT).values_list("tenant_id", flat=True)
-    return sorted(set(with_usage.distinct()) | set(with_draft))
+    with_draft = Invoice.objects.filter(period__lte=period, status=InvoiceStatus.DRAFT).values_list(
+        "tenant_id", flat=True
+    )
+    return sorted(set(with_usage.distinct()) | set(with_draft.distinct()))
 
 
 def run_invoices(period: date, *, finalize: bool, now: datetime | None = None) -> list[InvoiceView]:
-    """Draft (or finalize) the period's invoice of every tenant that has something to bill, after
-    posting the outbox so nothing ingested so far is left out."""
+    """Draft (or finalize) the period's invoice of every tenant that has something to bill, earlier
+    periods still unsettled first, after posting the outbox so nothing ingested so far is left out.
+    A tenant with nothing to bill in a period gets no (empty) invoice for it."""
     relay_usage()
-    action = (lambda t: finalize_invoice(t, period, now=now)) if finalize else (lambda t: draft_invoice(t, period))
-    return [action(tenant_id) for tenant_id in tenants_to_invoice(period)]
+    views: list[InvoiceView] = []
+    for tenant_id in tenants_to_invoice(period):
+        for each in [*_unsettled_before(tenant_id, period), period]:
+            if each == period and not (
+                _billable(tenant_id, period).exists()
+                or Invoice.objects.filter(tenant_id=tenant_id, period=period).exists()
+            ):
+                continue
+            views.append(finalize_invoice(tenant_id, each, now=now) if finalize else draft_invoice(tenant_id, each))
+    return views
+
+
+def invoice_cycle(*, now: datetime | None = None) -> dict[str, int]:
+    """What beat runs every hour: refresh this month's drafts, and once the finalize day of the month
+    has come, finalize last month's invoices (late usage after that becomes adjustment lines)."""
+    now = now or timezone.now()
+    current = rating.period_of(rating.epoch_ms(now))
+    previous = rating.previous_period(current)
+    views = run_invoices(previous, finalize=True, now=now) if now.day >= settings.POLYCHIP_INVOICE_FINALIZE_DAY else []
+    views += run_invoices(current, finalize=False, now=now)
+    return {
+        "finalized": sum(view.status == InvoiceStatus.FINALIZED for view in views),
+        "drafted": sum(view.status == InvoiceStatus.DRAFT for view in views),
+    }
 
 
 def _invoice_view(invoice: Invoice, *, with_lines: bool) -> InvoiceView:
@@ -445,7 +484,7 @@ def _invoice_view(invoice: Invoice, *, with_lines: bool) -> InvoiceView:
                 unit=row.unit,
                 unit_price=row.unit_price,
                 quantity_ms=row.quantity_ms,
-                hours=_hours(row.quantity_ms, row.unit),
+                hours=rating.hours(row.quantity_ms, row.unit),
                 amount=row.amount,
             )
             for row in rows
@@ -469,11 +508,6 @@ def _invoice_view(invoice: Invoice, *, with_lines: bool) -> InvoiceView:
         lines=lines,
         by_flavor=flavors,
     )
-
-
-def _hours(quantity_ms: int, unit: str) -> Decimal:
-    scale = rating.MS_PER_HOUR * (rating.MILLI_NAU if unit == "NAU-hour" else 1)
-    return (Decimal(quantity_ms) / Decimal(scale)).quantize(Decimal("0.000001"))
 
 
 def list_invoices(tenant_id: int) -> list[InvoiceView]:

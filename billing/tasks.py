@@ -16,3 +16,9 @@ def relay_usage() -> int:
 @shared_task(ignore_result=True)
 def run_invoices(period: str, finalize: bool = False) -> int:
     return len(services.run_invoices(services.parse_period(period), finalize=finalize))
+
+
+@shared_task(ignore_result=True)
+def invoice_cycle() -> dict[str, int]:
+    """Refresh this month's drafts; finalize last month's once its finalize day has come."""
+    return services.invoice_cycle()

@@ -197,7 +197,11 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": POLYCHIP_RELAY_SECONDS * 2},
     },
     "check-budgets": {"task": "jobs.tasks.check_budgets", "schedule": 30.0, "options": {"expires": 60.0}},
+    "invoice-cycle": {"task": "billing.tasks.invoice_cycle", "schedule": 3600.0, "options": {"expires": 3600.0}},
 }
+# Last month's invoices are finalized from this day of the month on (usage of last month that arrives
+# later, up to 35 days after it ended, goes on the next invoice as an adjustment line).
+POLYCHIP_INVOICE_FINALIZE_DAY = int(os.environ.get("POLYCHIP_INVOICE_FINALIZE_DAY", "3"))
 
 # --- Channels -----------------------------------------------------------------------------
 CHANNEL_REDIS_URL = os.environ.get("CHANNEL_REDIS_URL", "")
