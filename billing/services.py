@@ -75,9 +75,14 @@ class InvoiceNotFound(BillingError):
 # --- usage in ---------------------------------------------------------------------------------------
 
 
+def held_ms(started_at: datetime, ended_at: datetime) -> int:
+    """Whole milliseconds from start to end, each cut to the millisecond first: back-to-back
+    intervals tile exactly, and a replay always agrees."""
+    return rating.epoch_ms(ended_at) - rating.epoch_ms(started_at)
+
+
 def duration_ms(interval: UsageInterval) -> int:
-    """Whole milliseconds held; microseconds are truncated so a replay always agrees."""
-    return rating.epoch_ms(interval.ended_at) - rating.epoch_ms(interval.started_at)
+    return held_ms(interval.started_at, interval.ended_at)
 
 
 def _validate(interval: UsageInterval) -> None:
@@ -117,7 +122,7 @@ def _insert_records(intervals: Sequence[UsageInterval]) -> IngestResult:
     new_ids: list[int] = []
     new_keys: set[str] = set()
     now = timezone.now()
-    unique = list(by_key.values())
+    unique = sorted(by_key.values(), key=lambda interval: interval.key)  # one lock order: no deadlock between batches
     with connection.cursor() as cursor:
         for start in range(0, len(unique), INGEST_CHUNK):
             chunk = unique[start : start + INGEST_CHUNK]
@@ -398,12 +403,20 @@ def draft_invoice(tenant_id: int, period: date) -> InvoiceView:
     return get_invoice(tenant_id=tenant_id, invoice_id=invoice.pk)
 
 
+def _refuse_open_period(period: date, now: datetime) -> None:
+    if rating.epoch_ms(now) < rating.period_bounds_ms(period)[1]:
+        after = rating.next_period(period)
+        raise BillingError(
+            f"period {period:%Y-%m} has not ended: it can be finalized from {after.isoformat()} 00:00 UTC on",
+            field="period",
+        )
+
+
 def finalize_invoice(tenant_id: int, period: date, *, now: datetime | None = None) -> InvoiceView:
     """Bill the period: claim its unbilled ledger entries (and earlier periods' late ones), rate them,
     and freeze the invoice. Idempotent: a finalized invoice is returned as it is."""
     now = now or timezone.now()
-    if rating.epoch_ms(now) < rating.period_bounds_ms(period)[1]:
-        raise BillingError(f"period {period:%Y-%m} has not ended: finalize it from its last day on", field="period")
+    _refuse_open_period(period, now)
     with transaction.atomic():
         invoice = _open_invoice(tenant_id, period)
         if invoice.status == InvoiceStatus.FINALIZED:
@@ -438,13 +451,22 @@ def tenants_to_invoice(period: date) -> list[int]:
     return sorted(set(with_usage.distinct()) | set(with_draft.distinct()))
 
 
-def run_invoices(period: date, *, finalize: bool, now: datetime | None = None) -> list[InvoiceView]:
-    """Draft (or finalize) the period's invoice of every tenant that has something to bill, earlier
-    periods still unsettled first, after posting the outbox so nothing ingested so far is left out.
-    A tenant with nothing to bill in a period gets no (empty) invoice for it."""
+def run_invoices(
+    period: date, *, finalize: bool, now: datetime | None = None, tenant_ids: Iterable[int] | None = None
+) -> list[InvoiceView]:
+    """Draft (or finalize) the period's invoice of every tenant that has something to bill (or of
+    ``tenant_ids``), earlier periods still unsettled first, after posting the outbox so nothing
+    ingested so far is left out. A tenant with nothing to bill in a period gets no (empty) invoice.
+    Finalizing a period that has not ended is refused before anything changes."""
+    now = now or timezone.now()
+    if finalize:
+        _refuse_open_period(period, now)
     relay_usage()
     views: list[InvoiceView] = []
+    wanted = None if tenant_ids is None else set(tenant_ids)
     for tenant_id in tenants_to_invoice(period):
+        if wanted is not None and tenant_id not in wanted:
+            continue
         for each in [*_unsettled_before(tenant_id, period), period]:
             if each == period and not (
                 _billable(tenant_id, period).exists()
@@ -635,6 +657,21 @@ def _period_usage(
     return usages
 
 
+def spend_by_flavor(
+    tenant_id: int, open_usage: Iterable[OpenUsage] = (), *, now: datetime | None = None
+) -> list[tuple[str, Decimal]]:
+    """This month's spend per flavor, highest first: what ``budget_status`` prices, split by flavor
+    and each flavor rounded once (so flavors may differ from the whole, rounded once, by a cent)."""
+    now = now or timezone.now()
+    period = rating.period_of(rating.epoch_ms(now))
+    book = price_book_for(tenant_id)
+    by_flavor: dict[str, list[rating.RatedUsage]] = defaultdict(list)
+    for usage in _period_usage(tenant_id, period, book, open_usage, now):
+        by_flavor[usage.flavor].append(usage)
+    spends = [(flavor, rating.estimate(group, book)) for flavor, group in by_flavor.items()]
+    return sorted(spends, key=lambda item: (-item[1], item[0]))
+
+
 def budget_status(tenant_id: int, open_usage: Iterable[OpenUsage] = (), *, now: datetime | None = None) -> BudgetStatus:
     """The tenant's spend this month (rounded once, as a whole) against its budgets."""
     now = now or timezone.now()
@@ -668,7 +705,15 @@ def check_budgets(
     now = now or timezone.now()
     statuses: dict[int, BudgetStatus] = {}
     for tenant_id in tenants_with_budgets(tenant_ids):
-        status = budget_status(tenant_id, open_usage, now=now)
+        try:
+            status = budget_status(tenant_id, open_usage, now=now)
+        except rating.RatingError:
+            # A price missing from the tenant's book is the operator's to fix; it must not stop
+            # admission for every tenant. The tenant is not held back meanwhile.
+            log.exception(
+                "budget of tenant %s cannot be priced; not enforced until its price book covers it", tenant_id
+            )
+            continue
         for level, budget, reached in (
             (BudgetAlert.Level.SOFT, status.soft_budget, status.soft_reached),
             (BudgetAlert.Level.HARD, status.hard_budget, status.hard_reached),

@@ -12,5 +12,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("jobs.api.urls")),
     path("api/v1/", include("tenants.api.urls")),
+    path("api/v1/", include("billing.api.urls")),
     path("", include("frontend.urls")),
 ]

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from decimal import Decimal
 
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from billing import rating
+from billing import services as billing
+from billing.contracts import BudgetStatus
 from jobs import services as jobs
 from jobs.api.serializers import job_json
 from jobs.contracts import QuotaUsageView
@@ -37,3 +43,67 @@ def jobs_page(request: HttpRequest) -> HttpResponse:
             "quotas": [_quota_row(q) for q in jobs.quota_usage(tenant_id=tenant.id)] if tenant else [],
         },
     )
+
+
+# --- billing ----------------------------------------------------------------------------------
+
+
+def _percent(part: Decimal, whole: Decimal) -> str:
+    """``part`` as a percentage of ``whole``, for a bar's width: exact decimals, one place."""
+    if whole <= 0:
+        return "0"
+    return f"{min(part / whole * 100, Decimal(100)).quantize(Decimal('0.1')):f}"
+
+
+def _budget_bar(status: BudgetStatus) -> dict[str, object]:
+    """This month's spend as a bar, with the soft and hard budgets as marks along it.
+
+    The bar's scale leaves room past the highest of the three, so that a mark at the very end still
+    reads as a mark and spend beyond the hard budget shows as a bar running past it."""
+    budgets = [b for b in (status.soft_budget, status.hard_budget) if b is not None]
+    scale = max([status.spend, *budgets]) * Decimal("1.1")
+    level = "over-hard" if status.hard_reached else "over-soft" if status.soft_reached else "ok"
+    return {
+        "spend_pct": _percent(status.spend, scale),
+        "soft_pct": _percent(status.soft_budget, scale) if status.soft_budget is not None else None,
+        "hard_pct": _percent(status.hard_budget, scale) if status.hard_budget is not None else None,
+        "level": level,
+    }
+
+
+@login_required
+def billing_page(request: HttpRequest) -> HttpResponse:
+    tenant = tenants.tenant_for_user(request.user)
+    context: dict[str, object] = {"tenant": tenant}
+    if tenant is not None:
+        context["invoices"] = billing.list_invoices(tenant.id)
+        context["period"] = rating.period_of(rating.epoch_ms(timezone.now()))
+        held = jobs.open_usage([tenant.id])
+        try:
+            status = billing.budget_status(tenant.id, held)
+            flavors = billing.spend_by_flavor(tenant.id, held)
+        except rating.RatingError as exc:
+            # A flavor without a price: the invoices still show, with what an operator must fix.
+            context["pricing_error"] = str(exc)
+            return render(request, "frontend/billing.html", context)
+        largest = max((amount for _, amount in flavors), default=Decimal(0))
+        context.update(
+            status=status,
+            bar=_budget_bar(status),
+            hard_reason=billing.hard_budget_reason(status) if status.hard_reached else None,
+            flavors=[{"flavor": f, "spend": amount, "pct": _percent(amount, largest)} for f, amount in flavors],
+        )
+    return render(request, "frontend/billing.html", context)
+
+
+@login_required
+def invoice_page(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    tenant = tenants.tenant_for_user(request.user)
+    if tenant is None:
+        raise Http404("no such invoice")
+    try:
+        invoice = billing.get_invoice(tenant_id=tenant.id, invoice_id=invoice_id)
+    except billing.InvoiceNotFound:
+        # Another tenant's invoice answers exactly like a missing one.
+        raise Http404("no such invoice") from None
+    return render(request, "frontend/invoice.html", {"tenant": tenant, "invoice": invoice})

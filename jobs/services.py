@@ -1092,3 +1092,21 @@ def _progress_event_due(job_id: int) -> bool:
         .first()
     )
     return last is None or timezone.now() - last >= PROGRESS_EVENT_EVERY
+
+
+# --- reconciliation -----------------------------------------------------------------------------
+
+
+def allocated_ms() -> dict[tuple[int, str], int]:
+    """Milliseconds held by closed allocations per (tenant, flavor), each counted exactly as billing
+    counts the usage record it wrote (whole epoch milliseconds of the end less those of the start),
+    so that a reconciliation compares like with like. Open allocations have no usage record yet."""
+    totals: dict[tuple[int, str], int] = {}
+    rows = Allocation.objects.filter(ended_at__isnull=False).values_list(
+        "job__tenant_id", "device__flavor__name", "started_at", "ended_at"
+    )
+    for tenant_id, flavor, started_at, ended_at in rows.iterator(chunk_size=5000):
+        assert ended_at is not None  # only closed ones were selected
+        key = (tenant_id, flavor)
+        totals[key] = totals.get(key, 0) + billing.held_ms(started_at, ended_at)
+    return totals

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -40,6 +41,7 @@ PUBLIC = {
     "api/v1/ingest/jobs/<int:job_id>/telemetry": "worker ingest, with its own per-job HMAC token (tested below)",
 }
 ADMIN = "admin/"  # the whole admin site, as one entry
+PORTAL = ("portal", "portal_object")  # pages: a session, and a redirect to sign in without one
 UNSAFE = ("POST", "PUT", "PATCH", "DELETE")
 
 
@@ -49,7 +51,8 @@ class Expect:
 
     kind: ``object`` (names one of a tenant's objects: others get 404), ``collection`` (a tenant's
     own list: others see none of the first tenant's), ``global`` (the same for every tenant, e.g.
-    the pool), ``operator``, ``portal`` (a page), ``admin``.
+    the pool), ``operator``, ``portal`` (a page), ``portal_object`` (a page of one of a tenant's
+    objects: others get 404), ``admin``.
     scopes: method → the scope a tenant token needs (tenant routes); for the others, the methods.
     owner_sees: the first tenant's own GET shows its markers (proves that (b) looks in the right place).
     """
@@ -78,6 +81,14 @@ MATRIX: dict[str, Expect] = {
     "api/v1/quotas": Expect("collection", {"GET": "read"}),
     "api/v1/queue": Expect("collection", {"GET": "read"}, owner_sees=True),
     "api/v1/throughput": Expect("global", {"GET": "read"}),
+    # billing: a tenant's own usage, invoices and budget
+    "api/v1/usage": Expect("collection", {"GET": "read"}, owner_sees=True),
+    "api/v1/invoices": Expect("collection", {"GET": "read"}, owner_sees=True),
+    "api/v1/invoices/<int:invoice_id>": Expect("object", {"GET": "read"}, owner_sees=True),
+    "api/v1/billing/budget": Expect("collection", {"GET": "read", "PUT": "manage"}),
+    # billing: operators
+    "api/v1/operator/invoices/run": _operator("POST"),
+    "api/v1/operator/invoices/<int:invoice_id>/finalize": _operator("POST"),
     # tenants: a tenant's own tokens
     "api/v1/tokens": Expect("collection", {"GET": "manage", "POST": "manage"}, owner_sees=True),
     "api/v1/tokens/<int:token_id>/revoke": Expect("object", {"POST": "manage"}),
@@ -90,6 +101,8 @@ MATRIX: dict[str, Expect] = {
     "api/v1/operator/tenants/<int:tenant_id>/quotas/<str:resource>": _operator("PUT", "DELETE"),
     # portal and console
     "": Expect("portal", {"GET": "page"}, owner_sees=True),
+    "billing/": Expect("portal", {"GET": "page"}, owner_sees=True),
+    "billing/invoices/<int:invoice_id>": Expect("portal_object", {"GET": "page"}, owner_sees=True),
     ADMIN: Expect("admin", {"GET": "admin"}),
 }
 
@@ -166,19 +179,37 @@ class World:
         return "/" + re.sub(r"<(?:(\w+):)?(\w+)>", value, route)
 
     def acme_state(self) -> Any:
+        from billing.models import BillingAccount, Invoice, LedgerEntry
         from jobs.models import TrainingJob
         from tenants.models import ApiToken, Quota, Tenant
 
         return (
-            list(TrainingJob.objects.filter(tenant_id=self.acme.id).values("id", "state", "name")),
-            list(ApiToken.objects.filter(tenant_id=self.acme.id).values("id", "name", "revoked_at", "scopes")),
-            list(Quota.objects.filter(tenant_id=self.acme.id).values("resource", "nominal")),
+            list(TrainingJob.objects.filter(tenant_id=self.acme.id).order_by("pk").values("id", "state", "name")),
+            list(
+                ApiToken.objects.filter(tenant_id=self.acme.id)
+                .order_by("pk")
+                .values("id", "name", "revoked_at", "scopes")
+            ),
+            list(Quota.objects.filter(tenant_id=self.acme.id).order_by("pk").values("resource", "nominal")),
             list(Tenant.objects.filter(pk=self.acme.id).values()),
+            list(BillingAccount.objects.filter(tenant_id=self.acme.id).values()),
+            list(
+                Invoice.objects.filter(tenant_id=self.acme.id)
+                .order_by("pk")
+                .values("id", "status", "total", "updated_at")
+            ),
+            list(LedgerEntry.objects.filter(tenant_id=self.acme.id).order_by("pk").values("key", "invoice_id")),
         )
 
 
 @pytest.fixture
 def world(tenants, pool) -> World:
+    from django.db import transaction
+    from django.utils import timezone
+
+    from billing import rating
+    from billing import services as billing
+    from billing.contracts import UsageInterval
     from jobs import services as jobs
     from runtime.jobspec import parse_job_spec
     from tenants import services
@@ -199,6 +230,24 @@ def world(tenants, pool) -> World:
     )
     cohort = Cohort.objects.create(name="acme-cohort-7f3a")
     Tenant.objects.filter(pk=acme.id).update(cohort=cohort)
+    # An hour of usage, posted to the ledger and drafted on this month's invoice.
+    now = timezone.now()
+    with transaction.atomic():
+        billing.record_usage(
+            [
+                UsageInterval(
+                    key="acme-usage-7f3a",
+                    tenant_id=acme.id,
+                    job_id=job.id,
+                    device_id="tpu-v4-0/0",
+                    flavor="tpu-v4",
+                    started_at=now - timedelta(hours=1),
+                    ended_at=now,
+                )
+            ]
+        )
+    billing.relay_usage()
+    invoice = billing.draft_invoice(acme.id, rating.period_of(rating.epoch_ms(now)))
     token = ApiToken.objects.get(tenant_id=acme.id, name="acme-ci-token-7f3a")
     prefixes = tuple(ApiToken.objects.filter(tenant_id=acme.id).values_list("prefix", flat=True))
     user = get_user_model().objects.create_user(username="op-7f3a", password="op-password-1", is_staff=True)
@@ -214,8 +263,17 @@ def world(tenants, pool) -> World:
             "cohort_id": cohort.pk,
             "tenant_id": acme.id,
             "resource": "nau",
+            "invoice_id": invoice.id,
         },
-        markers=("acme-confidential-run-7f3a", "acme-ci-token-7f3a", "acme-all-scopes", acme.username, *prefixes),
+        markers=(
+            "acme-confidential-run-7f3a",
+            "acme-ci-token-7f3a",
+            "acme-all-scopes",
+            acme.username,
+            "acme-usage-7f3a",
+            invoice.number,
+            *prefixes,
+        ),
         operator=operator,
     )
 
@@ -255,7 +313,7 @@ def test_every_route_has_an_entry():
 def test_no_credentials_no_entry(world, route, method):
     expect = entry(route)
     response = request(Client(), method, world.url(route))
-    if expect.kind == "portal":
+    if expect.kind in PORTAL:
         assert response.status_code == 302 and response["Location"].startswith("/login/?next=")
     elif expect.kind == "admin":
         assert response.status_code == 302 and response["Location"].startswith("/admin/login/?next=")
@@ -264,18 +322,18 @@ def test_no_credentials_no_entry(world, route, method):
         assert response.json()["error"]["code"] == "not_authenticated"
 
 
-@pytest.mark.parametrize(("route", "method"), cases("object", "collection", "global", "portal"))
+@pytest.mark.parametrize(("route", "method"), cases("object", "collection", "global", *PORTAL))
 def test_other_tenants_see_nothing_of_the_first(world, route, method):
     expect = entry(route)
     url = world.url(route)
     before = world.acme_state()
     for other in world.others:
-        if expect.kind == "portal":
+        if expect.kind in PORTAL:
             response = request(signed_in(other), method, url)
         else:
             response = request(Client(), method, url, world.full_tokens[other.slug])
         body = response.content.decode()
-        if expect.kind == "object":
+        if expect.kind in ("object", "portal_object"):
             assert response.status_code == 404, f"{other.slug}: {method} {url} -> {response.status_code} {body}"
         else:
             assert response.status_code < 500, body
@@ -287,13 +345,13 @@ def test_other_tenants_see_nothing_of_the_first(world, route, method):
 
 
 @pytest.mark.parametrize(
-    ("route", "method"), [c for c in cases("object", "collection", "portal") if c.values[1] == "GET"]
+    ("route", "method"), [c for c in cases("object", "collection", *PORTAL) if c.values[1] == "GET"]
 )
 def test_the_first_tenant_sees_its_own(world, route, method):
     """The control for the test above: the same ids and routes do reach the first tenant's objects."""
     expect = entry(route)
     url = world.url(route)
-    if expect.kind == "portal":
+    if expect.kind in PORTAL:
         response = request(signed_in(world.acme), method, url)
     else:
         response = request(Client(), method, url, world.full_tokens["acme"])

@@ -1,0 +1,17 @@
+"""Routes of the billing API, mounted under /api/v1/ (the budget's is in jobs.api: it counts open allocations)."""
+
+from django.urls import path
+
+from billing.api import views
+
+urlpatterns = [
+    path("usage", views.UsageView.as_view(), name="api-usage"),
+    path("invoices", views.InvoiceListView.as_view(), name="api-invoices"),
+    path("invoices/<int:invoice_id>", views.InvoiceDetailView.as_view(), name="api-invoice"),
+    path("operator/invoices/run", views.InvoiceRunView.as_view(), name="api-operator-invoice-run"),
+    path(
+        "operator/invoices/<int:invoice_id>/finalize",
+        views.InvoiceFinalizeView.as_view(),
+        name="api-operator-invoice-finalize",
+    ),
+]

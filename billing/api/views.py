@@ -1,0 +1,281 @@
+"""REST endpoints of the billing app: a tenant's usage and invoices, as JSON or CSV; invoice runs for operators.
+
+Each handler checks its parameters, calls ``billing.services``, and writes the answer. Refusals come
+back in the project's error shape naming the field to fix. The budget endpoint lives in ``jobs.api``:
+a budget's spend counts the devices jobs hold now, and billing may not import jobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from datetime import date
+from itertools import islice
+from typing import Any
+from urllib.parse import urlencode
+
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.http import StreamingHttpResponse
+from rest_framework import status
+from rest_framework.exceptions import APIException, NotFound
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import BaseRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing import rating, services
+from billing.api import serializers as out
+from billing.contracts import InvoiceView
+from billing.models import Invoice, LedgerEntry
+from controlplane.errors import error_response
+from tenants.api.access import request_tenant_id
+from tenants.permissions import IsOperator, RequireScope
+
+FORMATS = ("json", "csv")
+PAGE_DEFAULT = 1000
+PAGE_MAX = 10_000
+
+
+class BadParameter(APIException):
+    """A query or body value that cannot be used, naming it (the error shape carries ``field``)."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "invalid"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class JsonAnswers(DefaultContentNegotiation):
+    """Every rendered answer is JSON, errors included: ``?format=`` picks the export format in the
+    view (a CSV export is a streamed body of its own), not one of DRF's renderers."""
+
+    def select_renderer(
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        renderer = next(iter(renderers))
+        return renderer, renderer.media_type
+
+
+class _BillingView(APIView):
+    content_negotiation_class = JsonAnswers
+    parser_classes = [JSONParser]
+
+
+def export_format(request: Request) -> str:
+    """``?format=json|csv``; without it, CSV when the client accepts only ``text/csv``, else JSON."""
+    wanted = request.query_params.get("format")
+    if wanted is None:
+        accept = request.headers.get("Accept", "")
+        return "csv" if "text/csv" in accept and "json" not in accept else "json"
+    if wanted not in FORMATS:
+        raise BadParameter("format", f"must be json or csv, got {wanted!r}")
+    return wanted
+
+
+def _period_param(request: Request) -> date | None:
+    text = request.query_params.get("period")
+    if text is None or text == "":
+        return None
+    return _period(text)
+
+
+def _period(text: Any) -> date:
+    if not isinstance(text, str):
+        raise BadParameter("period", f"write it as YYYY-MM, e.g. 2026-11; got {text!r}")
+    try:
+        return services.parse_period(text.strip())
+    except services.BillingError as exc:
+        raise BadParameter(exc.field or "period", str(exc)) from None
+
+
+def _whole_number(request: Request, name: str, default: int, *, low: int, high: int | None = None) -> int:
+    text = request.query_params.get(name)
+    if text is None or text == "":
+        return default
+    bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
+    if not (text.isascii() and text.isdigit()) or int(text) < low or (high is not None and int(text) > high):
+        raise BadParameter(name, f"must be a whole number {bound}, got {text!r}")
+    return int(text)
+
+
+ROWS_PER_CHUNK = 500
+
+
+def _for_asgi(lines: Iterator[str]) -> AsyncIterator[str]:
+    """The CSV as an async iterator: served over ASGI, Django would otherwise read a sync iterator
+    whole into memory before sending a byte. Each chunk is read with ``thread_sensitive``, on the
+    thread that ran the view, where the ledger's database cursor lives."""
+    take = sync_to_async(lambda: "".join(islice(lines, ROWS_PER_CHUNK)), thread_sensitive=True)
+
+    async def chunks() -> AsyncIterator[str]:
+        while chunk := await take():
+            yield chunk
+
+    return chunks()
+
+
+def csv_response(
+    request: Request, filename: str, header: Sequence[str], rows: Iterable[Sequence[Any]]
+) -> StreamingHttpResponse:
+    """A CSV streamed as it is read: a tenant's year of usage never sits whole in memory."""
+    lines = out.csv_rows(header, rows)
+    body = _for_asgi(lines) if isinstance(request._request, ASGIRequest) else lines
+    response = StreamingHttpResponse(body, content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+# --- usage -----------------------------------------------------------------------------------------
+
+
+class UsageView(_BillingView):
+    """The tenant's ledger entries, oldest first: one per usage record and billing period.
+
+    JSON comes in pages (``?limit=``, at most 10,000, and ``?offset=``, with ``next`` naming the
+    following page); CSV streams every entry of the period, or of all periods without one."""
+
+    permission_classes = [RequireScope]
+
+    def get(self, request: Request) -> Any:
+        tenant_id = request_tenant_id(request)
+        fmt = export_format(request)
+        period = _period_param(request)
+        if fmt == "csv":
+            name = f"usage-{period:%Y-%m}.csv" if period else "usage.csv"
+            entries = services.ledger_entries(tenant_id=tenant_id, period=period)
+            return csv_response(request, name, out.USAGE_COLUMNS, out.usage_rows(entries))
+        limit = _whole_number(request, "limit", PAGE_DEFAULT, low=1, high=PAGE_MAX)
+        offset = _whole_number(request, "offset", 0, low=0)
+        count = _entry_count(tenant_id, period)
+        entries = services.ledger_entries(tenant_id=tenant_id, period=period)
+        page = [out.entry_json(entry) for entry in islice(entries, offset, offset + limit)]
+        following = None
+        if offset + limit < count:
+            query = {"period": f"{period:%Y-%m}"} if period else {}
+            following = f"/api/v1/usage?{urlencode({**query, 'limit': limit, 'offset': offset + limit})}"
+        return Response(
+            {
+                "period": f"{period:%Y-%m}" if period else None,
+                "count": count,
+                "offset": offset,
+                "limit": limit,
+                "next": following,
+                "entries": page,
+            }
+        )
+
+
+def _entry_count(tenant_id: int, period: date | None) -> int:
+    entries = LedgerEntry.objects.filter(tenant_id=tenant_id)
+    return (entries.filter(period=period) if period else entries).count()
+
+
+# --- invoices --------------------------------------------------------------------------------------
+
+
+class InvoiceListView(_BillingView):
+    permission_classes = [RequireScope]
+
+    def get(self, request: Request) -> Any:
+        tenant_id = request_tenant_id(request)
+        fmt = export_format(request)
+        invoices = services.list_invoices(tenant_id)
+        if fmt == "csv":
+            return csv_response(request, "invoices.csv", out.INVOICE_COLUMNS, out.invoice_rows(invoices))
+        return Response({"count": len(invoices), "invoices": [out.invoice_json(i) for i in invoices]})
+
+
+class InvoiceDetailView(_BillingView):
+    permission_classes = [RequireScope]
+
+    def get(self, request: Request, invoice_id: int) -> Any:
+        tenant_id = request_tenant_id(request)
+        fmt = export_format(request)
+        invoice = _invoice_or_404(tenant_id, invoice_id)
+        if fmt == "csv":
+            return csv_response(request, f"{invoice.number}.csv", out.LINE_COLUMNS, out.line_rows(invoice))
+        return Response(out.invoice_detail_json(invoice))
+
+
+def _invoice_or_404(tenant_id: int, invoice_id: int) -> InvoiceView:
+    try:
+        return services.get_invoice(tenant_id=tenant_id, invoice_id=invoice_id)
+    except services.InvoiceNotFound:
+        # Another tenant's invoice answers exactly like a missing one, so ids cannot be probed.
+        raise NotFound(f"no invoice {invoice_id}") from None
+
+
+# --- operators -------------------------------------------------------------------------------------
+
+
+def _body(data: Any, *, allowed: Sequence[str], required: Sequence[str] = ()) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise BadParameter("body", f"must be a JSON object, got {type(data).__name__}")
+    for key in data:
+        if key not in allowed:
+            raise BadParameter(str(key), f"unknown field; the fields are {', '.join(allowed)}")
+    for key in required:
+        if key not in data:
+            raise BadParameter(key, "is required")
+    return data
+
+
+def _refused(exc: services.BillingError) -> Response:
+    # The request was well formed, but the invoices' state forbids it (a period not over yet, an
+    # earlier period still a draft).
+    return error_response(status.HTTP_409_CONFLICT, "conflict", str(exc), field=exc.field or None)
+
+
+def _unpriced(exc: rating.RatingError) -> Response:
+    return error_response(status.HTTP_409_CONFLICT, "unpriced", str(exc))
+
+
+class _OperatorView(_BillingView):
+    permission_classes = [IsOperator]
+
+
+class InvoiceRunView(_OperatorView):
+    """Draft (or, with ``finalize``, bill) a period's invoice for every tenant with something to bill."""
+
+    def post(self, request: Request) -> Response:
+        body = _body(request.data, allowed=("period", "finalize"), required=("period",))
+        period = _period(body["period"])
+        finalize = body.get("finalize", False)
+        if not isinstance(finalize, bool):
+            raise BadParameter("finalize", f"must be true or false, got {finalize!r}")
+        try:
+            invoices = services.run_invoices(period, finalize=finalize)
+        except services.BillingError as exc:
+            return _refused(exc)
+        except rating.RatingError as exc:
+            return _unpriced(exc)
+        return Response(
+            {
+                "period": f"{period:%Y-%m}",
+                "finalize": finalize,
+                "count": len(invoices),
+                "invoices": [out.invoice_summary_json(i) for i in invoices],
+            }
+        )
+
+
+class InvoiceFinalizeView(_OperatorView):
+    """Bill one invoice's period for its tenant; an invoice already finalized is answered as it is."""
+
+    def post(self, request: Request, invoice_id: int) -> Response:
+        _body(request.data if request.data else {}, allowed=())
+        found = Invoice.objects.filter(pk=invoice_id).values_list("tenant_id", "period").first()
+        if found is None:
+            raise NotFound(f"no invoice {invoice_id}")
+        tenant_id, period = found
+        try:
+            invoice = services.finalize_invoice(tenant_id, period)
+        except services.BillingError as exc:
+            return _refused(exc)
+        except rating.RatingError as exc:
+            return _unpriced(exc)
+        return Response(out.invoice_detail_json(invoice))
