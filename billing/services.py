@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 # the tenant's next invoice); the ingest API refuses anything later, loudly.
 LATE_USAGE_DAYS = 35
 INGEST_CHUNK = 1000
+RELAY_BATCH = 1000  # outbox rows per relay transaction
 
 
 class BillingError(ValueError):
@@ -114,9 +115,12 @@ _COLUMNS = ("key", "tenant_id", "job_id", "device_id", "flavor", "started_at", "
 def _insert_records(intervals: Sequence[UsageInterval]) -> IngestResult:
     """Insert new records and their outbox rows, in the caller's transaction; report replays and conflicts."""
     by_key: dict[str, UsageInterval] = {}
+    conflicting: set[str] = set()
     for interval in intervals:
         _validate(interval)
-        by_key.setdefault(interval.key, interval)  # an exact duplicate inside one batch is a replay too
+        first = by_key.setdefault(interval.key, interval)  # an exact duplicate inside one batch is a replay too
+        if _row(first) != _row(interval):
+            conflicting.add(interval.key)  # the same key twice in one batch, with other figures
     records = connection.ops.quote_name(UsageRecord._meta.db_table)
     outbox = connection.ops.quote_name(UsageOutbox._meta.db_table)
     new_ids: list[int] = []
@@ -142,9 +146,20 @@ def _insert_records(intervals: Sequence[UsageInterval]) -> IngestResult:
                 [value for record_id in chunk_ids for value in (record_id, now)],
             )
     replayed = [key for key in by_key if key not in new_keys]
-    conflicts = _conflicts({key: by_key[key] for key in replayed}) if replayed else []
+    stored_conflicts = set(_conflicts({key: by_key[key] for key in replayed})) if replayed else set()
+    # Each interval sent is new, a replay (the same figures again), or a conflict (other figures
+    # under a key already stored, or already sent in this batch).
+    duplicates, seen = 0, set()
+    for interval in intervals:
+        if interval.key in stored_conflicts:
+            continue
+        if interval.key not in seen:
+            seen.add(interval.key)
+            duplicates += interval.key not in new_keys
+        elif _row(interval) == _row(by_key[interval.key]):
+            duplicates += 1
     return IngestResult(
-        created=len(new_ids), duplicates=len(intervals) - len(new_ids) - len(conflicts), conflicts=tuple(conflicts)
+        created=len(new_ids), duplicates=duplicates, conflicts=tuple(sorted(stored_conflicts | conflicting))
     )
 
 
@@ -176,7 +191,9 @@ def ingest_usage(intervals: Sequence[UsageInterval], *, now: datetime | None = N
     """
     now = now or timezone.now()
     for interval in intervals:
-        period_end = rating.next_period(rating.period_of(rating.epoch_ms(interval.ended_at)))
+        # The period of the last millisecond held: usage ending at 00:00 on the 1st belongs to the month before.
+        start_ms, end_ms = rating.epoch_ms(interval.started_at), rating.epoch_ms(interval.ended_at)
+        period_end = rating.next_period(rating.period_of(max(start_ms, end_ms - 1)))
         if now.date() > period_end + timedelta(days=LATE_USAGE_DAYS):
             raise BillingError(
                 f"usage {interval.key} ended in {interval.ended_at:%Y-%m}, more than {LATE_USAGE_DAYS} days "
@@ -190,25 +207,29 @@ def ingest_usage(intervals: Sequence[UsageInterval], *, now: datetime | None = N
 # --- the relay -------------------------------------------------------------------------------------
 
 
-def _entries_for(record: UsageRecord) -> list[LedgerEntry]:
-    start_ms = rating.epoch_ms(record.started_at)
+_RECORD_FIELDS = ("pk", "key", "tenant_id", "job_id", "flavor", "started_at", "duration_ms", "nau_milli")
+
+
+def _entries_for(
+    pk: int, key: str, tenant_id: int, job_id: int, flavor: str, started_at: datetime, ms: int, nau_milli: int
+) -> list[LedgerEntry]:
     return [
         LedgerEntry(
-            key=f"{record.key}@{period:%Y-%m}",
-            record_id=record.pk,
-            tenant_id=record.tenant_id,
-            job_id=record.job_id,
-            flavor=record.flavor,
+            key=f"{key}@{period:%Y-%m}",
+            record_id=pk,
+            tenant_id=tenant_id,
+            job_id=job_id,
+            flavor=flavor,
             period=period,
             start_ms=piece_start,
             duration_ms=piece_ms,
-            nau_milli=record.nau_milli,
+            nau_milli=nau_milli,
         )
-        for period, piece_start, piece_ms in rating.split_by_period(start_ms, record.duration_ms)
+        for period, piece_start, piece_ms in rating.split_by_period(rating.epoch_ms(started_at), ms)
     ]
 
 
-def post_outbox_batch(limit: int = 500) -> int:
+def post_outbox_batch(limit: int = RELAY_BATCH) -> int:
     """Claim up to ``limit`` outbox rows no other relay holds, post them to the ledger, delete them.
 
     One transaction: killed before the commit, nothing happened; after it, all of it did. The ledger
@@ -223,13 +244,13 @@ def post_outbox_batch(limit: int = 500) -> int:
         if not claimed:
             return 0
         records = UsageRecord.objects.filter(pk__in=[record_id for _, record_id in claimed])
-        entries = [entry for record in records for entry in _entries_for(record)]
+        entries = [entry for row in records.values_list(*_RECORD_FIELDS) for entry in _entries_for(*row)]
         LedgerEntry.objects.bulk_create(entries, ignore_conflicts=True, batch_size=INGEST_CHUNK)
         UsageOutbox.objects.filter(pk__in=[outbox_id for outbox_id, _ in claimed]).delete()
     return len(claimed)
 
 
-def relay_usage(*, batch: int = 500, max_batches: int | None = None) -> int:
+def relay_usage(*, batch: int = RELAY_BATCH, max_batches: int | None = None) -> int:
     """Post the outbox to the ledger until it is empty (or ``max_batches`` ran); returns rows posted."""
     posted, batches = 0, 0
     while max_batches is None or batches < max_batches:
@@ -312,61 +333,48 @@ def parse_period(text: str) -> date:
         raise BillingError(f"period {text!r}: write it as YYYY-MM, e.g. 2026-11", field="period") from None
 
 
-def _rated(entries: Iterable[LedgerEntry], book: rating.PriceBook, period: date) -> rating.RatedInvoice:
-    return rating.rate(
-        (
-            rating.RatedUsage(
-                job_id=e.job_id,
-                flavor=e.flavor,
-                period=e.period,
-                start_ms=e.start_ms,
-                duration_ms=e.duration_ms,
-                nau_milli=e.nau_milli,
-            )
-            for e in entries
-        ),
-        book,
-        period,
-    )
+def _rated(entries: Any, book: rating.PriceBook, period: date) -> rating.RatedInvoice:
+    rows = entries.values_list("job_id", "flavor", "period", "start_ms", "duration_ms", "nau_milli")
+    return rating.rate((rating.RatedUsage(*row) for row in rows.iterator(chunk_size=5000)), book, period)
 
 
-def _open_invoice(tenant_id: int, period: date) -> Invoice:
+def _open_invoice(tenant_id: int, period: date, book: PriceBook) -> Invoice:
     """The tenant's invoice for the period, created if missing, locked for this transaction.
 
     However many runs race, the unique constraint lets one insert win; the rest find its row.
     """
-    book = _book_model(tenant_id)
     Invoice.objects.bulk_create(
         [Invoice(tenant_id=tenant_id, period=period, currency=book.currency, price_book=book.name)],
         ignore_conflicts=True,
     )
-    return Invoice.objects.select_for_update().select_related("tenant").get(tenant_id=tenant_id, period=period)
+    return Invoice.objects.select_for_update().get(tenant_id=tenant_id, period=period)
 
 
-def _billable(tenant_id: int, period: date) -> Any:
+def _invoice_statuses(tenant_id: int) -> dict[date, str]:
+    return dict(Invoice.objects.filter(tenant_id=tenant_id).values_list("period", "status"))
+
+
+def _billable(tenant_id: int, period: date, statuses: Mapping[date, str]) -> Any:
     """Unbilled entries this invoice covers: its period's, and late ones of earlier periods that were
     already invoiced (finalized): those become adjustment lines."""
-    invoiced_earlier = Invoice.objects.filter(
-        tenant_id=tenant_id, period__lt=period, status=InvoiceStatus.FINALIZED
-    ).values_list("period", flat=True)
+    invoiced_earlier = [p for p, status in statuses.items() if p < period and status == InvoiceStatus.FINALIZED]
     return LedgerEntry.objects.filter(tenant_id=tenant_id, invoice__isnull=True).filter(
-        Q(period=period) | Q(period__in=list(invoiced_earlier))
+        Q(period=period) | Q(period__in=invoiced_earlier)
     )
 
 
-def _unsettled_before(tenant_id: int, period: date) -> list[date]:
+def _unsettled_before(tenant_id: int, period: date, statuses: Mapping[date, str]) -> list[date]:
     """Earlier periods that still need their own invoice finalized: a draft, or unbilled usage and no
     invoice at all. They come first: an invoice never bills another period's usage before that
     period was invoiced."""
-    drafts = Invoice.objects.filter(tenant_id=tenant_id, period__lt=period, status=InvoiceStatus.DRAFT)
-    invoiced = Invoice.objects.filter(tenant_id=tenant_id, period__lt=period).values_list("period", flat=True)
+    drafts = {p for p, status in statuses.items() if p < period and status == InvoiceStatus.DRAFT}
     uninvoiced = (
         LedgerEntry.objects.filter(tenant_id=tenant_id, invoice__isnull=True, period__lt=period)
-        .exclude(period__in=list(invoiced))
+        .exclude(period__in=list(statuses))
         .values_list("period", flat=True)
         .distinct()
     )
-    return sorted(set(drafts.values_list("period", flat=True)) | set(uninvoiced))
+    return sorted(drafts | set(uninvoiced))
 
 
 def _write_lines(invoice: Invoice, rated: rating.RatedInvoice) -> None:
@@ -394,10 +402,12 @@ def _write_lines(invoice: Invoice, rated: rating.RatedInvoice) -> None:
 def draft_invoice(tenant_id: int, period: date) -> InvoiceView:
     """Create or refresh the tenant's draft for the period from the ledger as it stands; a finalized
     invoice is returned unchanged. Safe to run any number of times, concurrently."""
+    book = _book_model(tenant_id)
     with transaction.atomic():
-        invoice = _open_invoice(tenant_id, period)
+        invoice = _open_invoice(tenant_id, period, book)
         if invoice.status == InvoiceStatus.DRAFT:
-            rated = _rated(_billable(tenant_id, period), price_book_for(tenant_id), period)
+            billable = _billable(tenant_id, period, _invoice_statuses(tenant_id))
+            rated = _rated(billable, load_price_book(book), period)
             _write_lines(invoice, rated)
             Invoice.objects.filter(pk=invoice.pk).update(total=rated.total, updated_at=timezone.now())
     return get_invoice(tenant_id=tenant_id, invoice_id=invoice.pk)
@@ -417,22 +427,23 @@ def finalize_invoice(tenant_id: int, period: date, *, now: datetime | None = Non
     and freeze the invoice. Idempotent: a finalized invoice is returned as it is."""
     now = now or timezone.now()
     _refuse_open_period(period, now)
+    book = _book_model(tenant_id)
     with transaction.atomic():
-        invoice = _open_invoice(tenant_id, period)
+        invoice = _open_invoice(tenant_id, period, book)
         if invoice.status == InvoiceStatus.FINALIZED:
             return get_invoice(tenant_id=tenant_id, invoice_id=invoice.pk)
-        earlier = _unsettled_before(tenant_id, period)
+        statuses = _invoice_statuses(tenant_id)
+        earlier = _unsettled_before(tenant_id, period, statuses)
         if earlier:
             raise BillingError(
                 f"{earlier[0]:%Y-%m} is not invoiced yet (a draft, or usage without an invoice): finalize "
                 "periods in order",
                 field="period",
             )
-        # Claim exactly the entries seen here; one the relay posts meanwhile stays unbilled and goes on
-        # the next invoice as an adjustment.
-        claimed = list(_billable(tenant_id, period).select_for_update().values_list("pk", flat=True))
-        LedgerEntry.objects.filter(pk__in=claimed, invoice__isnull=True).update(invoice=invoice)
-        rated = _rated(LedgerEntry.objects.filter(invoice=invoice), price_book_for(tenant_id), period)
+        # One UPDATE claims what it sees; an entry the relay commits meanwhile stays unbilled and goes
+        # on the next invoice as an adjustment. The lines are rated from exactly the claimed entries.
+        _billable(tenant_id, period, statuses).update(invoice=invoice)
+        rated = _rated(LedgerEntry.objects.filter(invoice=invoice), load_price_book(book), period)
         _write_lines(invoice, rated)
         Invoice.objects.filter(pk=invoice.pk).update(
             total=rated.total, status=InvoiceStatus.FINALIZED, finalized_at=now, updated_at=now
@@ -467,12 +478,11 @@ def run_invoices(
     for tenant_id in tenants_to_invoice(period):
         if wanted is not None and tenant_id not in wanted:
             continue
-        for each in [*_unsettled_before(tenant_id, period), period]:
-            if each == period and not (
-                _billable(tenant_id, period).exists()
-                or Invoice.objects.filter(tenant_id=tenant_id, period=period).exists()
-            ):
-                continue
+        statuses = _invoice_statuses(tenant_id)
+        periods = _unsettled_before(tenant_id, period, statuses)
+        if period in statuses or _billable(tenant_id, period, statuses).exists():
+            periods.append(period)
+        for each in periods:
             views.append(finalize_invoice(tenant_id, each, now=now) if finalize else draft_invoice(tenant_id, each))
     return views
 

@@ -45,7 +45,12 @@ def test_replaying_the_same_usage_changes_nothing(tenants):
     with transaction.atomic():
         assert billing.record_usage(first) == 2
     with transaction.atomic():
-        assert billing.record_usage([*first, interval(acme.id, "allocation:1", timedelta(hours=5))]) == 0
+        assert billing.record_usage(first) == 0
+    # The same key with other figures is a caller's bug: refused, and the whole change rolls back.
+    with pytest.raises(billing.UsageConflict, match="allocation:1"), transaction.atomic():
+        billing.record_usage(
+            [interval(acme.id, "allocation:3", timedelta(1)), interval(acme.id, "allocation:1", timedelta(hours=5))]
+        )
     assert sorted(UsageRecord.objects.values_list("key", "duration_ms")) == [
         ("allocation:1", 90_000),
         ("allocation:2", 0),
