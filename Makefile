@@ -13,7 +13,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 	POLYCHIP_PASSWORD_HASHERS=django.contrib.auth.hashers.MD5PasswordHasher
 
 .DEFAULT_GOAL := help
-.PHONY: help install services demo up down status test test-unit test-integration test-runtime test-e2e lint fmt bench clean
+.PHONY: help install services demo up down status test test-properties test-unit test-integration test-runtime test-e2e lint fmt bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z][a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ status: ## Show which servers run
 
 test: install services ## Install and run every test tier against PostgreSQL and Redis on 127.0.0.1
 	$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS)
+
+test-properties: install services ## Billing's ledger properties with 10,000 Hypothesis examples each (about 40 min)
+	$(TEST_ENV) HYPOTHESIS_EXAMPLES=10000 $(BIN)/pytest tests/integration/test_billing_properties.py $(PYTEST_ARGS)
 
 test-unit: install ## Pure unit tests: no database, seconds
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
