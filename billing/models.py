@@ -8,6 +8,7 @@ Each step is keyed, so a replay of any of them changes nothing.
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Any
 
 from django.db import models
@@ -173,7 +174,11 @@ class Invoice(models.Model):
 
     @property
     def number(self) -> str:
-        return f"INV-{self.period:%Y%m}-{self.tenant_id:05d}"
+        return invoice_number(self.period, self.tenant_id)
+
+
+def invoice_number(period: date, tenant_id: int) -> str:
+    return f"INV-{period:%Y%m}-{tenant_id:05d}"
 
 
 class ImmutableInvoice(Exception):

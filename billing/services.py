@@ -46,6 +46,7 @@ from billing.models import (
     PriceBook,
     UsageOutbox,
     UsageRecord,
+    invoice_number,
 )
 
 log = logging.getLogger(__name__)
@@ -663,7 +664,7 @@ def ledger_entries(*, tenant_id: int, period: date | None = None) -> Iterable[Le
             ended_at=rating.from_epoch_ms(start_ms + ms),
             duration_ms=ms,
             nau_milli=nau_milli,
-            invoice_number=f"INV-{invoice_period:%Y%m}-{invoice_tenant:05d}" if invoice_period else None,
+            invoice_number=invoice_number(invoice_period, invoice_tenant) if invoice_period else None,
         )
 
 

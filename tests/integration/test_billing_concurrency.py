@@ -17,7 +17,6 @@ from decimal import Decimal
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from billing import rating
 from billing import services as billing
 from billing.contracts import UsageInterval
 from billing.models import ImmutableInvoice, Invoice, InvoiceLine, InvoiceStatus, LedgerEntry, UsageRecord
@@ -47,7 +46,8 @@ def usage(tenant_id: int, key: str, start: datetime, held: timedelta, **changes:
     return UsageInterval(**fields)  # type: ignore[arg-type]
 
 
-def lines_of(view) -> list[tuple[object, ...]]:
+def line_tuples(lines) -> list[tuple[object, ...]]:
+    """Invoice lines (stored or freshly rated) as comparable tuples."""
     return [
         (
             line.kind,
@@ -59,23 +59,7 @@ def lines_of(view) -> list[tuple[object, ...]]:
             line.quantity_ms,
             line.amount,
         )
-        for line in view.lines
-    ]
-
-
-def rated_lines(rated: rating.RatedInvoice) -> list[tuple[object, ...]]:
-    return [
-        (
-            line.kind,
-            line.job_id,
-            line.flavor,
-            line.usage_period,
-            line.unit,
-            line.unit_price,
-            line.quantity_ms,
-            line.amount,
-        )
-        for line in rated.lines
+        for line in lines
     ]
 
 
@@ -114,7 +98,10 @@ def test_32_clients_send_100k_events_and_the_ledger_equals_the_ground_truth():
     for (tenant_id, period), view in invoices.items():
         expected = truth.invoices[tenant_id, period]
         assert view.status == InvoiceStatus.FINALIZED
-        assert (view.total, lines_of(view)) == (expected.total, rated_lines(expected)), (tenant_id, period)
+        assert (view.total, line_tuples(view.lines)) == (expected.total, line_tuples(expected.lines)), (
+            tenant_id,
+            period,
+        )
         assert view.total == sum((line.amount for line in view.lines), Decimal("0.00"))
     assert not LedgerEntry.objects.filter(tenant_id__in=tenant_ids, invoice__isnull=True).exists()
     assert sum(view.total for view in invoices.values()) == sum(rated.total for rated in truth.invoices.values())
@@ -151,7 +138,7 @@ def test_20_concurrent_invoice_runs_make_one_invoice_finalized_once():
         view = billing.get_invoice(tenant_id=tenant_id, invoice_id=invoice.id)
         expected = truth.invoices[tenant_id, period]
         assert view.total == sum((line.amount for line in view.lines), Decimal("0.00")) == expected.total
-        assert lines_of(view) == rated_lines(expected)
+        assert line_tuples(view.lines) == line_tuples(expected.lines)
         # The invoice claimed exactly the period's entries, each once.
         claimed = LedgerEntry.objects.filter(invoice=invoice)
         assert set(claimed.values_list("period", flat=True)) == {period}
