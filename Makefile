@@ -13,7 +13,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 	POLYCHIP_PASSWORD_HASHERS=django.contrib.auth.hashers.MD5PasswordHasher
 
 .DEFAULT_GOAL := help
-.PHONY: help install services demo up down status test test-properties test-unit test-integration test-runtime test-e2e lint fmt bench clean
+.PHONY: help install services demo up down status test test-properties test-unit test-integration test-runtime test-e2e test-security lint fmt bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z][a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -49,7 +49,9 @@ test: install services ## Install and run every test tier against PostgreSQL and
 test-properties: install services ## Billing's ledger properties with 10,000 Hypothesis examples each (about 40 min)
 	$(TEST_ENV) HYPOTHESIS_EXAMPLES=10000 $(BIN)/pytest tests/integration/test_billing_properties.py $(PYTEST_ARGS)
 
-test-unit: install ## Pure unit tests: no database, seconds
+# Each tier is a folder of tests/ and a marker (tests/conftest.py): `make test PYTEST_ARGS="-m 'unit or runtime'"`
+# runs several tiers by marker.
+test-unit: install ## Pure unit tests: no database, no process, seconds
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 test-integration: install services ## PostgreSQL + Redis + a real Celery worker, the job's life end to end
@@ -60,6 +62,9 @@ test-runtime: install ## Real torch.distributed processes over gloo
 
 test-e2e: install services ## The portal in a real browser (Chromium)
 	$(TEST_ENV) $(BIN)/pytest tests/e2e $(PYTEST_ARGS)
+
+test-security: install services ## The route matrix alone: every route against every role (PostgreSQL)
+	$(TEST_ENV) $(BIN)/pytest tests/security $(PYTEST_ARGS)
 
 lint: install ## ruff (lint and format check) and mypy
 	$(BIN)/ruff check .

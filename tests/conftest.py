@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +35,22 @@ def _retry_flush_on_deadlock() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _retry_flush_on_deadlock()
+
+
+# Each tier is a folder under tests/ and a marker of the same name, so one tier runs with `-m unit`,
+# `-m integration`, `-m runtime`, `-m e2e` or `-m security` (or a mix: `-m "unit or runtime"`).
+TIERS = ("unit", "integration", "runtime", "e2e", "security")
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            tier = Path(item.path).resolve().relative_to(_TESTS).parts[0]
+        except ValueError:  # a test outside tests/ (a path given on the command line)
+            continue
+        if tier in TIERS and item.get_closest_marker(tier) is None:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @dataclass(frozen=True)
