@@ -2,7 +2,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from jobs import recovery, services
+from jobs import services
 from jobs.models import (
     Allocation,
     Device,
@@ -28,7 +28,7 @@ def drain(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Nod
     nodes, moved = 0, []
     for node in queryset.order_by("name"):
         try:
-            moved += recovery.drain_node(node.name, by=by)
+            moved += services.drain_node(node.name, by=by)
         except services.UnknownDevices as exc:
             admin_.message_user(request, f"{node.name}: {exc}", messages.WARNING)
             continue

@@ -6,8 +6,11 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Quotas name flavors, which the pool (this app) knows; tenants may not import jobs.
+        # Quotas name flavors, which the pool (this app) knows, and budgets count the devices jobs
+        # hold now; neither tenants nor billing may import jobs, so jobs registers its sources there.
+        from billing.services import UsageSource, register_usage_source
         from jobs import checks, services  # noqa: F401  (checks registers itself)
         from tenants.services import register_flavor_source
 
         register_flavor_source(services.known_flavors)
+        register_usage_source(UsageSource(open_usage=services.open_usage, allocated_ms=services.allocated_ms))

@@ -7,6 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
+from runtime.jobspec import JobSpec, stored_job_spec
 from tenants.scoping import TenantScopedManager
 
 
@@ -93,6 +94,28 @@ class JobState(models.TextChoices):
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
+# Every move a job's state may make, and the only ones: ``jobs.transitions.claim`` refuses any other.
+# A job is born queued (submission). Any live state may end in any terminal state (``finish_job``:
+# a cancel, a launch that failed, a run that finished or failed for good, an operator's end), and a
+# terminal state is never left.
+_ENDINGS = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+TRANSITIONS: dict[str, frozenset[str]] = {
+    JobState.QUEUED: frozenset({JobState.ADMITTED}) | _ENDINGS,  # admitted by a cycle
+    # launched; preempted back to the queue; placed again (a device went away before launch)
+    JobState.ADMITTED: frozenset({JobState.RUNNING, JobState.QUEUED, JobState.RECOVERING}) | _ENDINGS,
+    # preempted back to the queue; frozen after a failure or a stop, to be placed again
+    JobState.RUNNING: frozenset({JobState.QUEUED, JobState.RECOVERING}) | _ENDINGS,
+    JobState.RECOVERING: frozenset({JobState.ADMITTED}) | _ENDINGS,  # given its next devices
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+def sources_of(to_state: str) -> frozenset[str]:
+    """The states from which ``to_state`` may be reached."""
+    return frozenset(state for state, targets in TRANSITIONS.items() if to_state in targets)
+
 
 class TrainingJob(models.Model):
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="jobs")
@@ -120,21 +143,11 @@ class TrainingJob(models.Model):
     # to the queue and comes back as the next attempt.
     attempt = models.PositiveIntegerField(default=0)
     preemptions = models.PositiveIntegerField(default=0)
-    # Handles of earlier attempts the backend has not yet confirmed gone (see teardown).
-    pending_teardowns = models.JSONField(default=list, blank=True)
-    # Recovery (jobs.recovery): restarts after failures (the spec's max_restarts bounds them), a
-    # pending request to checkpoint and move (drain, growing back, a predicted failure), and what the
-    # worker reported of its checkpoints and restores.
+    # Recovery (jobs.recovery): restarts after failures (the spec's max_restarts bounds them), and
+    # what the worker reported of its checkpoints and restores, and the last failure. What belongs to
+    # one run (its handle, its launch claim, a stop asked of it, its teardown) is on its JobAttempt.
     restarts = models.PositiveIntegerField(default=0)
-    stop_requested = models.CharField(max_length=300, blank=True)
     recovery = models.JSONField(default=dict, blank=True)
-
-    # Set by the one worker that won the right to launch the job (a claim; see services).
-    provision_claimed_at = models.DateTimeField(null=True, blank=True)
-    backend_handle = models.JSONField(null=True, blank=True)
-    # Set once the backend confirmed that nothing of the job runs any more; until then the
-    # sweep keeps asking it to tear down (a lost teardown message must not leave work running).
-    torn_down_at = models.DateTimeField(null=True, blank=True)
 
     # Progress, fed by worker telemetry.
     steps_done = models.PositiveIntegerField(default=0)
@@ -143,7 +156,12 @@ class TrainingJob(models.Model):
     last_loss = models.FloatField(null=True, blank=True)
     recent_losses = models.JSONField(default=list, blank=True)
     samples_per_s = models.FloatField(null=True, blank=True)
+    # The current attempt's latest step figures per rank, keyed by the rank as a string.
     rank_stats = models.JSONField(default=dict, blank=True)
+    # Rank 0's view of the current attempt: the split of the global batch (jobs.queries.balance_view)
+    # and the gradient exchange (jobs.queries.comm_view).
+    balance_stats = models.JSONField(default=dict, blank=True)
+    comm_stats = models.JSONField(default=dict, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     artifact_path = models.CharField(max_length=500, blank=True)
 
@@ -161,6 +179,53 @@ class TrainingJob(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.pk} ({self.name}, {self.state})"
+
+    @property
+    def job_spec(self) -> JobSpec:
+        """The spec, typed: every default in one place (``runtime.jobspec``), never a raw dict."""
+        cached: JobSpec | None = self.__dict__.get("_job_spec")
+        if cached is None or self.__dict__.get("_job_spec_raw") is not self.spec:
+            cached = stored_job_spec(self.spec)
+            self.__dict__["_job_spec"], self.__dict__["_job_spec_raw"] = cached, self.spec
+        return cached
+
+
+class JobAttempt(models.Model):
+    """One run of a job: each admission (the first, after a preemption, after a recovery) is a new
+    attempt, launched under its own run key.
+
+    The job row says what is true of the job; this row says what is true of one run of it: the
+    backend's handle, who claimed its launch, a stop asked of it, whether the backend confirmed it
+    gone, and why it ended. An attempt whose run the backend has not confirmed gone still holds its
+    devices: admission does not hand them out, and the sweep tears it down.
+    """
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.PROTECT, related_name="attempts")
+    number = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Set by the one worker that won the right to launch it (a claim; see jobs.lifecycle).
+    provision_claimed_at = models.DateTimeField(null=True, blank=True)
+    backend_handle = models.JSONField(null=True, blank=True)
+    # A request to checkpoint and stop so that the job can move (a drain, growing back, a predicted
+    # failure), and when a run being replaced (a preemption) was asked to stop before its teardown.
+    stop_requested = models.CharField(max_length=300, blank=True)
+    stop_asked_at = models.DateTimeField(null=True, blank=True)
+    # Set once the backend confirmed that nothing of the run is left; until then the sweep keeps
+    # asking it to tear down (a lost teardown message must not leave work running).
+    torn_down_at = models.DateTimeField(null=True, blank=True)
+    # The devices the attempt before this one held: a restart prefers them (runtime.recovery.plan).
+    previous_devices = models.JSONField(default=list, blank=True)
+    # When and why it ended, and the state the job moved to then: queued (preempted), recovering
+    # (frozen after a failure or a stop), or a terminal state.
+    ended_at = models.DateTimeField(null=True, blank=True)
+    ended_as = models.CharField(max_length=16, choices=JobState.choices, blank=True)
+    end_reason = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="attempt_one_per_number")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.number}"
 
 
 class AdmissionLock(models.Model):

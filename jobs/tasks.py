@@ -1,4 +1,8 @@
-"""Celery tasks: thin, they take ids and call services; each is safe to run twice."""
+"""Celery tasks: thin, they take ids and call the services facade; each is safe to run twice.
+
+Names are explicit (``jobs.dispatch`` sends them by name) and only named transient errors (a
+dropped database or broker connection) are retried; anything else is a defect to see, not to retry.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +11,25 @@ from collections.abc import Callable, Iterable
 
 from celery import shared_task
 
-from jobs import recovery, services
+from controlplane.celery import RETRY_POLICY, TRANSIENT_ERRORS
+from jobs import services
 
 log = logging.getLogger(__name__)
 
+RETRY = {"autoretry_for": TRANSIENT_ERRORS, **RETRY_POLICY}
 
-@shared_task(ignore_result=True)
+
+@shared_task(name="jobs.tasks.admit_queued_jobs", ignore_result=True, **RETRY)
 def admit_queued_jobs() -> list[int]:
     return services.admit_queued_jobs()
 
 
-@shared_task(ignore_result=True)
+@shared_task(name="jobs.tasks.provision_job", ignore_result=True, **RETRY)
 def provision_job(job_id: int) -> bool:
     return services.provision_job(job_id)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name="jobs.tasks.teardown_job", ignore_result=True, **RETRY)
 def teardown_job(job_id: int) -> None:
     services.teardown_job(job_id)
 
@@ -36,23 +43,18 @@ def _each(job_ids: Iterable[int], action: Callable[[int], object], what: str) ->
             log.exception("sweep: %s of job %s failed; retrying next round", what, job_id)
 
 
-@shared_task(ignore_result=True)
+# The sweep runs every second and is superseded by the next one: it is never retried.
+@shared_task(name="jobs.tasks.observe_running_jobs", ignore_result=True)
 def observe_running_jobs() -> None:
     """The sweep: observe what runs (and recover what failed), give jobs that wait for devices after a
     failure their next attempt, grow shrunk jobs back, relaunch what an admission left behind,
     finish teardowns."""
     _each(services.running_job_ids(), services.observe_job, "observing")
-    _each(recovery.recovering_job_ids(), recovery.retry_recovering, "reallocating")
-    _each(recovery.shrunk_job_ids(), recovery.grow_back, "growing back")
+    _each(services.recovering_job_ids(), services.retry_recovering, "reallocating")
+    _each(services.shrunk_job_ids(), services.grow_back, "growing back")
     try:
-        recovery.score_devices()
+        services.score_devices()
     except Exception:
         log.exception("sweep: scoring device health failed; retrying next round")
     _each(services.stale_admitted_job_ids(), provision_job.delay, "re-provisioning")
     _each(services.untorn_job_ids(), teardown_job.delay, "tearing down")
-
-
-@shared_task(ignore_result=True)
-def check_budgets() -> int:
-    """Raise each budget alert once per period, open allocations included; returns tenants checked."""
-    return len(services.check_budgets())

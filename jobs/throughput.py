@@ -14,14 +14,23 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Case, F, FloatField, IntegerField, Value, When
 from django.db.models.functions import Cast, Greatest, Now
 
+from jobs import locks
 from jobs.contracts import ThroughputEntryView
 from jobs.models import Allocation, Flavor, ThroughputSource
 from jobs.models import ThroughputEntry as EntryRow
-from runtime.throughput import LEARNING_WEIGHT, Source, ThroughputEntry, ThroughputTable
+from runtime.throughput import (
+    LEARNING_WEIGHT,
+    Source,
+    ThroughputEntry,
+    ThroughputMatrix,
+    ThroughputTable,
+    choose_reference,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +86,24 @@ def list_entries(*, job_class: str | None = None, flavor: str | None = None) -> 
     ]
 
 
+def throughput_matrix() -> ThroughputMatrix:
+    """Per-device rates by (class, flavor) in NAU: measured where the table has them, else estimated
+    from the flavors' peak figures (as it did before there was a table)."""
+    peaks = dict(Flavor.objects.values_list("name", "peak_bf16_tflops"))
+    if not peaks:
+        peaks = {settings.POLYCHIP_NAU_REFERENCE: 1.0}
+    return ThroughputMatrix(
+        reference_flavor=choose_reference(settings.POLYCHIP_NAU_REFERENCE, peaks),
+        peak_tflops=peaks,
+        measured=measured_per_device(),
+    )
+
+
+def nau_rates(job_classes: Iterable[str]) -> dict[tuple[str, str], int]:
+    """Milli-NAU per device for each (job class, flavor): what a price per NAU-hour charges for."""
+    return throughput_matrix().rates(set(job_classes))
+
+
 @transaction.atomic
 def store_benchmarks(entries: Iterable[ThroughputEntry], *, over_measured: bool = False) -> dict[str, int]:
     """Upsert benchmark entries; a ``measured`` entry (real steps) is kept unless ``over_measured``.
@@ -85,8 +112,8 @@ def store_benchmarks(entries: Iterable[ThroughputEntry], *, over_measured: bool 
     """
     counts = {"stored": 0, "kept": 0}
     for entry in entries:
-        existing = EntryRow.objects.select_for_update().filter(
-            job_class=entry.job_class, flavor=entry.flavor, devices=entry.devices
+        existing = locks.throughput_entries(
+            EntryRow.objects.filter(job_class=entry.job_class, flavor=entry.flavor, devices=entry.devices)
         )
         row = existing.first()
         if row is not None and row.source == ThroughputSource.MEASURED and not over_measured:

@@ -6,8 +6,9 @@ Parsing is pure: ``parse_job_spec`` turns a mapping into a frozen ``JobSpec`` or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from runtime.errors import FieldError
 
@@ -268,4 +269,71 @@ def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
         checkpoint=parse_checkpoint(raw.get("checkpoint")),
         min_devices=min_devices,
         max_restarts=_int(raw, "max_restarts", "max_restarts", 3, 0, 100),
+    )
+
+
+_Part = TypeVar("_Part")
+_SECTIONS: dict[str, type[Any]] = {
+    "workload": WorkloadSpec,
+    "balancing": BalancingSpec,
+    "comm": CommSpec,
+    "checkpoint": CheckpointSpec,
+}
+_FIELDS = frozenset(JobSpec.__dataclass_fields__)
+
+
+def _as_written(raw: Any) -> JobSpec | None:
+    """``JobSpec.to_dict()``'s output read back without checking it again (it was checked before it
+    was written): an admission cycle reads thousands of specs. None for any other shape."""
+    if not isinstance(raw, dict) or raw.keys() != _FIELDS or not isinstance(raw["flavors"], list):
+        return None
+    sections: dict[str, Any] = {}
+    for key, kind in _SECTIONS.items():
+        section = raw[key]
+        if not isinstance(section, dict) or section.keys() != kind.__dataclass_fields__.keys():
+            return None
+        sections[key] = kind(**section)
+    return JobSpec(**{**raw, **sections, "flavors": tuple(raw["flavors"])})
+
+
+def stored_job_spec(raw: Any) -> JobSpec:
+    """A spec read back from storage, typed.
+
+    It was valid when it was submitted; a part that today's rules refuse (a spec stored before a
+    section was checked the way it is now) falls back to that part's defaults rather than break a
+    job that runs, so the running system never reads a raw dict with defaults of its own.
+    """
+    written = _as_written(raw)
+    if written is not None:
+        return written
+    try:
+        return parse_job_spec(raw)
+    except SpecError:
+        pass
+    data: dict[str, Any] = raw if isinstance(raw, dict) else {}
+
+    def part(parse: Callable[[Any], _Part], key: str, default: _Part) -> _Part:
+        try:
+            return parse(data.get(key))
+        except SpecError:
+            return default
+
+    def whole(key: str, default: int) -> int:
+        value = data.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    devices = max(1, whole("devices", 1))
+    flavors = data.get("flavors")
+    min_devices = data.get("min_devices")
+    return JobSpec(
+        name=str(data.get("name") or ""),
+        devices=devices,
+        flavors=tuple(f for f in flavors if isinstance(f, str)) if isinstance(flavors, list) else (),
+        workload=part(parse_workload, "workload", WorkloadSpec()),
+        priority=whole("priority", 0),
+        balancing=part(parse_balancing, "balancing", BalancingSpec()),
+        comm=part(parse_comm, "comm", CommSpec()),
+        checkpoint=part(parse_checkpoint, "checkpoint", CheckpointSpec()),
+        min_devices=min_devices if isinstance(min_devices, int) and not isinstance(min_devices, bool) else None,
+        max_restarts=whole("max_restarts", 3),
     )

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.api import budget, views
+from jobs.api import views
 
 urlpatterns = [
     path("jobs", views.JobListView.as_view(), name="api-jobs"),
@@ -12,6 +12,5 @@ urlpatterns = [
     path("quotas", views.QuotaView.as_view(), name="api-quotas"),
     path("queue", views.QueueView.as_view(), name="api-queue"),
     path("throughput", views.ThroughputView.as_view(), name="api-throughput"),
-    path("billing/budget", budget.BudgetView.as_view(), name="api-billing-budget"),
     path("ingest/jobs/<int:job_id>/telemetry", views.TelemetryIngestView.as_view(), name="api-ingest-telemetry"),
 ]

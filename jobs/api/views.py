@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 
 from billing import services as billing
 from controlplane.errors import error_response
-from jobs import services, throughput
+from jobs import services
 from jobs.api.serializers import (
     event_json,
     flavor_pool_json,
@@ -179,7 +179,7 @@ class ThroughputView(APIView):
 
     def get(self, request: Request) -> Response:
         request_tenant_id(request)
-        rows = throughput.list_entries(
+        rows = services.list_throughput_entries(
             job_class=request.query_params.get("job_class") or None, flavor=request.query_params.get("flavor") or None
         )
         return Response({"entries": [throughput_entry_json(row) for row in rows]})

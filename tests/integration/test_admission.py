@@ -15,7 +15,7 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from billing.models import UsageRecord
-from jobs import services
+from jobs import services, transitions
 from jobs.models import Allocation, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
 from tenants.models import Cohort, Quota, Tenant
@@ -192,7 +192,7 @@ def test_an_old_attempt_cannot_move_the_new_one(lab):
     from django.db import transaction
 
     with transaction.atomic():
-        stale = services.claim_transition(borrower, [JobState.ADMITTED], JobState.RUNNING, attempt=0, message="old")
+        stale = transitions.claim(borrower, JobState.RUNNING, from_states=[JobState.ADMITTED], attempt=0, message="old")
     assert stale is None
     assert services.run_key(job(borrower)).endswith("-a1")
 

@@ -96,7 +96,7 @@ def test_a_soft_budget_alerts_once_per_period_and_admits(db, pool, tenants):
     cost = spent(acme, hours=0.25)
     billing.set_budgets(acme.id, soft=(cost / 2).quantize(Decimal("0.01")), hard=None)
     for _ in range(3):
-        statuses = services.check_budgets()
+        statuses = billing.check_budgets_now()
     assert statuses[acme.id].soft_reached and not statuses[acme.id].hard_reached
     alerts = list(BudgetAlert.objects.filter(tenant_id=acme.id).values_list("level", "budget"))
     assert alerts == [("soft", (cost / 2).quantize(Decimal("0.01")))]

@@ -13,6 +13,7 @@ from billing.models import UsageRecord
 from jobs import services
 from jobs.models import Allocation, Device, DeviceHealth, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
+from tests.attempts import handle_of, run_of
 from tests.processes import processes_mentioning
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -70,16 +71,17 @@ def test_running_admission_and_provisioning_twice_changes_nothing(tenants, pool,
     assert services.provision_job(job.id) is True
     assert services.provision_job(job.id) is False
     running = TrainingJob.objects.get(pk=job.id)
+    running_handle = handle_of(job.id)
     assert running.state == JobState.RUNNING
     assert len(list((tmp_path / "runs").iterdir())) == 1
 
     assert services.finish_job(job.id, JobState.CANCELLED) is True
     assert services.finish_job(job.id, JobState.CANCELLED) is False
     services.teardown_job(job.id)
-    torn_down_at = TrainingJob.objects.get(pk=job.id).torn_down_at
+    torn_down_at = run_of(job.id).torn_down_at
     services.teardown_job(job.id)
-    assert torn_down_at is not None and TrainingJob.objects.get(pk=job.id).torn_down_at == torn_down_at
-    assert processes_mentioning(running.backend_handle["run_dir"]) == []
+    assert torn_down_at is not None and run_of(job.id).torn_down_at == torn_down_at
+    assert processes_mentioning(running_handle["run_dir"]) == []
     assert UsageRecord.objects.filter(job_id=job.id).count() == 2
 
 
@@ -128,8 +130,8 @@ def test_a_running_job_whose_workers_go_silent_fails_and_is_torn_down(tenants, p
     assert UsageRecord.objects.filter(job_id=job.id).count() == 2
 
     services.teardown_job(job.id)  # what the task queued on commit does
-    assert TrainingJob.objects.get(pk=job.id).torn_down_at is not None
-    assert processes_mentioning(failed.backend_handle["run_dir"]) == []
+    assert run_of(job.id).torn_down_at is not None
+    assert processes_mentioning(run_of(job.id).backend_handle["run_dir"]) == []
     assert services.untorn_job_ids() == []
 
 
@@ -139,14 +141,14 @@ def test_a_silent_job_with_restarts_left_is_frozen_and_placed_again(tenants, poo
     )
     services.admit_queued_jobs()
     assert services.provision_job(job.id) is True
-    first_run = TrainingJob.objects.get(pk=job.id).backend_handle["run_dir"]
+    first_run = handle_of(job.id)["run_dir"]
 
     silent_since = timezone.now() - timedelta(seconds=settings.POLYCHIP_HEARTBEAT_TIMEOUT_S + 1)
     TrainingJob.objects.filter(pk=job.id).update(last_heartbeat_at=silent_since)
     # The old run is stopped, its devices metered and handed out again (silence blames no device).
     assert services.observe_job(job.id) == JobState.ADMITTED
     recovered = TrainingJob.objects.get(pk=job.id)
-    assert (recovered.attempt, recovered.restarts, recovered.backend_handle) == (1, 1, None)
+    assert (recovered.attempt, recovered.restarts, handle_of(job.id)) == (1, 1, None)
     assert processes_mentioning(first_run) == []
     assert UsageRecord.objects.filter(job_id=job.id).count() == 2
     assert recovered.allocations.filter(ended_at__isnull=True).count() == 2
@@ -169,7 +171,7 @@ def test_a_job_whose_device_is_cordoned_before_launch_is_placed_on_others(tenant
 
     assert services.provision_job(job.id) is False  # not launched on the cordoned device...
     placed = TrainingJob.objects.get(pk=job.id)
-    assert placed.state == JobState.ADMITTED and placed.backend_handle is None
+    assert placed.state == JobState.ADMITTED and handle_of(job.id) is None
     devices = set(placed.allocations.filter(ended_at__isnull=True).values_list("device__device_id", flat=True))
     assert len(devices) == 2 and cordoned not in devices
     assert services.provision_job(job.id) is True  # ...but on the devices it was given instead

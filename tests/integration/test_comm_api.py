@@ -181,7 +181,7 @@ def test_other_ranks_do_not_overwrite_rank_0s_figures(tenants, pool):
     comm = get_job(acme.token, job_id).json()["comm"]
     assert (comm["policy"], comm["groups"]) == ("powersgd (rank 4)", GROUPS)
     assert (comm["per_step"]["source"], comm["per_step"]["bytes_cross"]) == ("run", 450_000.0)
-    stored = TrainingJob.objects.get(pk=job_id).rank_stats["comm"]
+    stored = TrainingJob.objects.get(pk=job_id).comm_stats
     assert stored["last_step"]["step"] == 3 and stored["last_step"]["comm_bytes_cross"] == 500_000
     # Rank 1's step still counts as its own progress.
     assert TrainingJob.objects.get(pk=job_id).rank_stats["1"]["step"] == 4
@@ -204,7 +204,7 @@ def test_malformed_comm_telemetry_is_refused_naming_the_field(tenants, pool, eve
     response = ingest(job_id, [event])
     assert response.status_code == 400
     assert response.json()["error"]["field"] == field
-    assert "comm" not in TrainingJob.objects.get(pk=job_id).rank_stats
+    assert TrainingJob.objects.get(pk=job_id).comm_stats == {}
 
 
 def test_another_tenants_job_comm_is_not_found(tenants, pool):

@@ -88,7 +88,7 @@ def test_cordon_service_and_api_health_counts(pool, tenants):
 def test_admission_skips_cordoned_devices(pool):
     from datetime import UTC, datetime
 
-    from jobs import admission
+    from jobs import snapshot as admission
 
     services.set_device_health(["gpu-h100-0/1", "tpu-v4-0/0"], DeviceHealth.CORDONED)
     services.set_device_health(["tpu-v4-0/1"], DeviceHealth.FAILED)
@@ -102,7 +102,7 @@ def test_admission_skips_cordoned_devices(pool):
 def test_degraded_devices_are_offered_but_taken_last(pool):
     from datetime import UTC, datetime
 
-    from jobs import admission
+    from jobs import snapshot as admission
     from runtime.scheduling import FreePool
 
     services.set_device_health(["npu-910b-0/0"], DeviceHealth.DEGRADED)

@@ -12,6 +12,7 @@ import pytest
 from billing.models import LedgerEntry, UsageOutbox, UsageRecord
 from billing.rating import epoch_ms
 from jobs.models import Allocation, JobEvent, JobState, TrainingJob
+from tests.attempts import handle_of, run_of
 from tests.processes import processes_mentioning
 from tests.stack import portal_session
 
@@ -137,13 +138,13 @@ def test_cancelling_a_running_job_stops_its_processes_and_meters_it(api_for, ten
     _wait(lambda: api.get(f"/api/v1/jobs/{job_id}").json()["progress"]["steps_done"] > 0)
 
     assert api.post(f"/api/v1/jobs/{job_id}/cancel").json()["state"] == "cancelled"
-    job = TrainingJob.objects.get(pk=job_id)
+    handle = handle_of(job_id)
     assert UsageRecord.objects.filter(job_id=job_id).count() == 2
     assert not Allocation.objects.filter(job_id=job_id, ended_at__isnull=True).exists()
 
     # The teardown runs on the worker after the commit; the sweep retries it until confirmed.
-    _wait(lambda: TrainingJob.objects.get(pk=job_id).torn_down_at is not None, timeout_s=30)
-    assert processes_mentioning(job.backend_handle["run_dir"]) == []
+    _wait(lambda: run_of(job_id).torn_down_at is not None, timeout_s=30)
+    assert processes_mentioning(handle["run_dir"]) == []
 
 
 def test_a_rank_that_dies_fails_a_job_without_restarts_left_with_its_reason_and_meters_it(api_for, tenants, pool):
@@ -151,7 +152,7 @@ def test_a_rank_that_dies_fails_a_job_without_restarts_left_with_its_reason_and_
     job_id = api.post("/api/v1/jobs", {**SPEC, "workload": {"steps": 100_000}, "max_restarts": 0}).json()["id"]
     api.wait_for(job_id, {"running"})
     _wait(lambda: api.get(f"/api/v1/jobs/{job_id}").json()["progress"]["steps_done"] > 0)
-    run_dir = TrainingJob.objects.get(pk=job_id).backend_handle["run_dir"]
+    run_dir = handle_of(job_id)["run_dir"]
     [victim] = processes_mentioning(f"{run_dir}/rank1.json")
 
     os.kill(victim, signal.SIGKILL)  # a device lost mid-step

@@ -13,7 +13,6 @@ from django.utils import timezone
 from billing import rating
 from billing import services as billing
 from billing.contracts import UsageInterval
-from jobs import services as jobs
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
@@ -54,7 +53,7 @@ def acme_billed(tenants):
 def test_the_billing_page_draws_spend_against_budgets_with_flavors_alerts_and_invoices(client, acme_billed):
     acme = acme_billed[0]
     billing.set_budgets(acme.id, soft=Decimal("5.00"), hard=Decimal("20.00"))
-    jobs.check_budgets()  # the beat task: the soft budget is crossed, once
+    billing.check_budgets_now()  # the beat task: the soft budget is crossed, once
     invoice = billing.list_invoices(acme.id)[0]
 
     assert client.login(username=acme.username, password=acme.password)

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from billing.models import UsageRecord
-from jobs import recovery, services
+from jobs import services
 from jobs.models import Device, DeviceHealth, JobEvent, TrainingJob
+from tests.attempts import handle_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -47,7 +48,7 @@ def _wait(predicate, timeout_s: float = 60, what: str = "condition") -> Any:
 
 
 def _run_dir(job_id: int) -> Path:
-    handle = _wait(lambda: TrainingJob.objects.get(pk=job_id).backend_handle, what="a launched run")
+    handle = _wait(lambda: handle_of(job_id), what="a launched run")
     return Path(handle["run_dir"])
 
 
@@ -141,7 +142,7 @@ def test_a_job_that_fails_more_than_max_restarts_ends_failed_with_the_reason(api
     _wait(lambda: _last_step(first_run) >= 5, what="the first attempt's steps")
     _kill(first_run, 1)
 
-    _wait(lambda: TrainingJob.objects.get(pk=job_id).attempt == 1 and TrainingJob.objects.get(pk=job_id).backend_handle)
+    _wait(lambda: TrainingJob.objects.get(pk=job_id).attempt == 1 and handle_of(job_id))
     second_run = _run_dir(job_id)
     assert second_run != first_run
     _wait(lambda: _last_step(second_run) >= 5, what="the second attempt's steps")
@@ -203,7 +204,7 @@ def test_draining_a_node_checkpoints_its_job_and_moves_it_to_another_flavor(api_
     _wait(lambda: _last_step(run_dir) >= 10, what="steps before the drain")
     node = TrainingJob.objects.get(pk=job_id).allocations.get(rank=0).device.node.name
 
-    assert recovery.drain_node(node, by="op") == [job_id]
+    assert services.drain_node(node, by="op") == [job_id]
 
     job = api.wait_for(job_id, FINAL, timeout_s=120)
     assert job["state"] == "succeeded", (job["failure_reason"], _messages(job_id))
@@ -251,7 +252,7 @@ def test_a_device_predicted_to_fail_is_drained_after_its_job_checkpoints(api_for
     # Half an hour of readings (heartbeats carry five emulated minutes a second) before the fault.
     _wait(lambda: len(Device.objects.get(pk=device.pk).health_readings) >= 30, timeout_s=60, what="readings")
 
-    LocalBackend(stack_var, {}).inject_degradation(job.backend_handle, 1, "ecc", minutes_to_failure=90)
+    LocalBackend(stack_var, {}).inject_degradation(handle_of(job_id), 1, "ecc", minutes_to_failure=90)
 
     drained = f"asked to checkpoint and move: device {device.device_id}: failure predicted"
     _wait(lambda: any(m.startswith(drained) for m in _messages(job_id)), timeout_s=60, what="the prediction")

@@ -53,7 +53,7 @@ def test_draining_a_node_asks_its_running_job_to_checkpoint_and_move(pool, tenan
     from django.utils import timezone
 
     from jobs import recovery
-    from jobs.models import Allocation, JobEvent
+    from jobs.models import Allocation, JobAttempt, JobEvent
 
     stops: list[tuple[dict, str]] = []
 
@@ -69,8 +69,8 @@ def test_draining_a_node_asks_its_running_job_to_checkpoint_and_move(pool, tenan
         spec=spec,
         state=JobState.RUNNING,
         total_steps=100,
-        backend_handle={"run": "fake"},
     )
+    JobAttempt.objects.create(job=job, number=0, backend_handle={"run": "fake"})
     Allocation.objects.create(
         job=job, device=Device.objects.get(device_id="gpu-h100-0/1"), rank=0, started_at=timezone.now()
     )
@@ -82,8 +82,8 @@ def test_draining_a_node_asks_its_running_job_to_checkpoint_and_move(pool, tenan
     )
 
     assert f"1 node(s) cordoned; 1 job(s) asked to checkpoint and move (#{job.pk})" in _messages(response)
-    job.refresh_from_db()
-    assert job.stop_requested == "node gpu-h100-0 drained by root"
+    run = JobAttempt.objects.get(job=job, number=job.attempt)
+    assert run.stop_requested == "node gpu-h100-0 drained by root"
     assert stops == [({"run": "fake"}, "node gpu-h100-0 drained by root")]
     event = JobEvent.objects.filter(job=job, kind=JobEvent.Kind.RECOVERY).get()
     assert event.message == "asked to checkpoint and move: node gpu-h100-0 drained by root"

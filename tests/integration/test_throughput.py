@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from jobs import admission, services, throughput
+from jobs import services, throughput
 from jobs.models import Allocation, Device, JobState, ThroughputEntry, TrainingJob
 from runtime.jobspec import parse_job_spec
 from runtime.throughput import LEARNING_WEIGHT, Source
@@ -95,7 +95,7 @@ def test_a_mixed_job_teaches_nothing(tenants, pool):
 def test_the_api_lists_entries_and_admission_prices_from_them(tenants, pool):
     client = Client(headers={"Authorization": f"Bearer {tenants[1].token}"})
     assert client.get("/api/v1/throughput").json() == {"entries": []}
-    before = admission.throughput_matrix().rate("resnet-small", "h100-sxm")
+    before = throughput.throughput_matrix().rate("resnet-small", "h100-sxm")
     assert before.estimated
 
     throughput.store_benchmarks(
@@ -114,7 +114,7 @@ def test_the_api_lists_entries_and_admission_prices_from_them(tenants, pool):
     assert body["entries"][2]["per_device_samples_per_s"] == 240.0
     assert client.get("/api/v1/throughput?flavor=tpu-v4").json() == {"entries": []}
 
-    rate = admission.throughput_matrix().rate("resnet-small", "h100-sxm")
+    rate = throughput.throughput_matrix().rate("resnet-small", "h100-sxm")
     assert (rate.milli_nau, rate.estimated) == (2500, False)
 
     # Seeding again keeps what real steps measured.

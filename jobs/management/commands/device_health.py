@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs import recovery, services
+from jobs import services
 from jobs.models import Device, DeviceHealth
 
 
@@ -29,7 +29,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             if options["drain_node"]:
-                moved = recovery.drain_node(options["drain_node"], by="device_health command")
+                moved = services.drain_node(options["drain_node"], by="device_health command")
                 self.stdout.write(f"node {options['drain_node']} cordoned; {len(moved)} job(s) asked to move: {moved}")
             if options["return_failed"]:
                 failed = list(Device.objects.filter(health=DeviceHealth.FAILED).values_list("device_id", flat=True))

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs import services, throughput
+from jobs import services
 from jobs.backends import get_backend
 from runtime.bench.suite import benchmark_entries
 
@@ -42,7 +42,7 @@ class Command(BaseCommand):
         except (RuntimeError, ValueError) as exc:
             raise CommandError(str(exc)) from None
         entries = [entry for flavor in flavors for entry in benchmark_entries(flavor, results[flavor])]
-        counts = throughput.store_benchmarks(entries, over_measured=options["over_measured"])
+        counts = services.store_benchmarks(entries, over_measured=options["over_measured"])
         for entry in entries:
             self.stdout.write(f"{entry.flavor:<14} {entry.job_class:<18} {entry.samples_per_s:10.1f} samples/s")
         self.stdout.write(

@@ -1,7 +1,7 @@
 """The tenant's monthly budget: ``GET`` and ``PUT /api/v1/billing/budget``.
 
-It lives here rather than in ``billing.api`` because this month's spend counts the devices the
-tenant's jobs hold right now, which only jobs knows, and billing may not import jobs.
+This month's spend counts the devices the tenant's jobs hold right now, which billing learns from
+the usage source that the jobs app registers (``billing.usage_sources``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from billing import services as billing
 from billing.api.serializers import budget_json
 from billing.rating import RatingError
 from controlplane.errors import error_response
-from jobs import services
-from tenants.api.access import request_tenant_id
-from tenants.permissions import MANAGE, READ, RequireScope
+from tenants.permissions import MANAGE, READ, RequireScope, request_tenant_id
 
 BUDGET_FIELDS = ("soft_budget", "hard_budget")
 # The budget columns hold 18 digits, 2 of them decimals.
@@ -37,7 +35,7 @@ class BudgetInput(ValueError):
 
 
 def budget_answer(tenant_id: int) -> dict[str, Any]:
-    usage = services.open_usage([tenant_id])
+    usage = billing.open_usage([tenant_id])
     return budget_json(billing.budget_status(tenant_id, usage), billing.spend_by_flavor(tenant_id, usage))
 
 

@@ -19,7 +19,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from billing import services as billing
 from billing.contracts import Reconciliation, ReconciliationRow
-from jobs import services
 
 COLUMNS = ("tenant", "flavor", "allocated_ms", "recorded_ms", "ledger_ms", "pending_ms", "difference_ms")
 
@@ -71,7 +70,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["relay"]:
             billing.relay_usage()
-        result = billing.reconcile(services.allocated_ms())
+        result = billing.reconcile(billing.allocated_ms())
         if options["json"]:
             self.stdout.write(json.dumps(self._json(result), indent=2))
         else:

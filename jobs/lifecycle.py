@@ -1,0 +1,283 @@
+"""A job's life on the backend: submit, provision, observe, cancel, tear down.
+
+Tasks call these with ids, so running a task twice changes nothing the second time: launching is a
+claim on the attempt (one worker launches it), every state change is a claim through the transition
+table, and a run is crossed off only once the backend confirms it is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from jobs import dispatch, locks, recovery, throughput, transitions
+from jobs.backends import get_backend
+from jobs.errors import InvalidTransition, JobNotFound
+from jobs.finishing import finish_job
+from jobs.models import TERMINAL_STATES, Flavor, JobAttempt, JobEvent, JobState, TrainingJob
+from jobs.pool import untorn_attempts
+from jobs.runs import checkpoint_url, ingest_token, run_key
+from runtime.backends.base import Backend, LaunchRequest, Phase, RankPlacement
+from runtime.jobspec import JobSpec
+
+log = logging.getLogger(__name__)
+
+PROVISION_CLAIM_TIMEOUT = timedelta(seconds=120)
+# How long a replaced attempt (a preemption) gets to save its checkpoint and stop before it is torn
+# down anyway.
+STOP_BEFORE_TEARDOWN_S = 20.0
+
+
+def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> TrainingJob:
+    with transaction.atomic():
+        job = TrainingJob.objects.create(
+            tenant_id=tenant_id,
+            submitted_by_id=user_id,
+            name=spec.name,
+            spec=spec.to_dict(),
+            state=JobState.QUEUED,
+            total_steps=spec.workload.steps,
+            priority=spec.priority,
+            job_class=spec.workload.kind,
+        )
+        JobAttempt.objects.create(job=job, number=0)
+        transitions.record_event(job, kind=JobEvent.Kind.TRANSITION, to_state=JobState.QUEUED, message="submitted")
+        # robust: a broker hiccup must not turn a stored job into a 500 (and a retried duplicate);
+        # beat's sweep admits it anyway.
+        dispatch.after_commit(dispatch.ADMIT)
+    return job
+
+
+# --- provisioning -------------------------------------------------------------------------------
+
+
+def _launch_request(job: TrainingJob) -> LaunchRequest:
+    allocations = job.allocations.filter(ended_at__isnull=True).select_related("device__node", "device__flavor")
+    ordered = list(allocations.order_by("rank"))
+    scores = _balancing_scores(job.job_class, {a.device.flavor for a in ordered})
+    placements = tuple(
+        RankPlacement(
+            rank=a.rank,
+            device_id=a.device.device_id,
+            flavor=a.device.flavor.name,
+            node=a.device.node.name,
+            score=scores[a.device.flavor.name],
+            memory_gib=a.device.flavor.memory_gib,
+            vendor=a.device.flavor.vendor,
+        )
+        for a in ordered
+    )
+    spec = job.job_spec
+    return LaunchRequest(
+        job_id=run_key(job),
+        placements=placements,
+        workload=spec.workload,
+        telemetry_url=f"{settings.POLYCHIP_PUBLIC_URL.rstrip('/')}/api/v1/ingest/jobs/{job.pk}/telemetry",
+        telemetry_token=ingest_token(job),
+        artifacts_dir=str(settings.POLYCHIP_ARTIFACTS_DIR / run_key(job)),
+        balancing=spec.balancing.mode,
+        comm=spec.comm,
+        checkpoint=spec.checkpoint,
+        checkpoint_url=checkpoint_url(job),
+    )
+
+
+def _balancing_scores(job_class: str, flavors: Iterable[Flavor]) -> dict[str, float]:
+    """Each flavor's benchmark score for the balancer's first split, in one unit for the whole job: the
+    throughput table's per-device samples/s for the job's class when it has a benchmarked or measured
+    figure for every flavor of the job, else the flavors' peak bf16 TFLOP/s."""
+    chosen = list(flavors)
+    measured = throughput.measured_per_device()
+    rates = {f.name: measured.get((job_class, f.name)) for f in chosen}
+    if all(rate is not None and rate > 0 for rate in rates.values()):
+        return {name: float(rate) for name, rate in rates.items() if rate is not None}
+    return {f.name: float(f.peak_bf16_tflops) for f in chosen}
+
+
+def _claim_launch(job: TrainingJob, now: Any) -> bool:
+    """The launch claim on the job's current attempt: only one worker launches it. A claim older
+    than the timeout is taken over, which is safe because the backend's provision is idempotent per
+    run."""
+    JobAttempt.objects.get_or_create(job_id=job.pk, number=job.attempt)  # jobs made before attempts had rows
+    stale = now - PROVISION_CLAIM_TIMEOUT
+    return (
+        JobAttempt.objects.filter(job_id=job.pk, number=job.attempt, ended_at__isnull=True)
+        .filter(Q(provision_claimed_at__isnull=True) | Q(provision_claimed_at__lt=stale))
+        .update(provision_claimed_at=now)
+        == 1
+    )
+
+
+def provision_job(job_id: int) -> bool:
+    """Launch an admitted job on the backend; True when this call moved it to running."""
+    now = timezone.now()
+    job = TrainingJob.objects.filter(pk=job_id, state=JobState.ADMITTED).first()
+    if job is None or not _claim_launch(job, now):
+        return False
+    number = job.attempt
+    if not TrainingJob.objects.filter(pk=job_id, state=JobState.ADMITTED, attempt=number).exists():
+        return False  # cancelled or preempted since it was read: nothing to launch
+    if JobAttempt.objects.filter(job_id=job_id).filter(untorn_attempts()).exists():
+        # An earlier attempt still runs (it is saving its checkpoint before it stops): the sweep
+        # launches this one once it is gone, so two attempts never write the same checkpoints.
+        JobAttempt.objects.filter(job_id=job_id, number=number, provision_claimed_at=now).update(
+            provision_claimed_at=None
+        )
+        return False
+    if recovery.place_again_if_unschedulable(job_id):
+        return False  # a device was cordoned (or failed) since admission: it launches on others
+    backend = get_backend()
+    try:
+        handle = backend.provision(_launch_request(job))
+    except Exception as exc:
+        log.exception("provisioning job %s failed", job_id)
+        finish_job(
+            job_id,
+            JobState.FAILED,
+            reason=f"provisioning failed: {exc}",
+            from_states=[JobState.ADMITTED],
+            attempt=number,
+        )
+        return False
+    with transaction.atomic():
+        running = transitions.claim(
+            job_id,
+            JobState.RUNNING,
+            from_states=[JobState.ADMITTED],
+            attempt=number,
+            message=f"launched on the {backend.name} backend",
+            started_at=timezone.now(),
+            last_heartbeat_at=timezone.now(),
+        )
+        run = locks.attempt(job_id, number)
+        if run is not None and run.backend_handle is None:
+            # Also when the claim failed (cancelled or preempted while we launched): the run is then an
+            # attempt that should not run, and the sweep tears it down.
+            run.backend_handle = handle
+            run.save(update_fields=["backend_handle"])
+        elif running is None and run is not None and run.backend_handle == handle:
+            # A provisioner that took over our stale claim already moved it to running: the backend
+            # returned that same launch to both of us, so there is nothing to undo.
+            return False
+    if running is None:
+        teardown_job(job_id)
+    return running is not None
+
+
+def stale_admitted_job_ids() -> list[int]:
+    """Admitted jobs whose launch never happened or whose launcher died mid-way."""
+    stale = timezone.now() - PROVISION_CLAIM_TIMEOUT
+    claimed = JobAttempt.objects.filter(job__state=JobState.ADMITTED, number=F("job__attempt")).filter(
+        provision_claimed_at__gte=stale
+    )
+    return list(
+        TrainingJob.objects.filter(state=JobState.ADMITTED)
+        .exclude(pk__in=claimed.values("job_id"))
+        .values_list("pk", flat=True)
+    )
+
+
+# --- ending -------------------------------------------------------------------------------------
+
+
+def cancel_job(*, tenant_id: int, job_id: int) -> None:
+    job = TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).first()
+    if job is None:
+        raise JobNotFound(job_id)
+    if job.state in TERMINAL_STATES:
+        raise InvalidTransition(f"job {job_id} already ended as {job.state}; nothing to cancel")
+    if not finish_job(job_id, JobState.CANCELLED, message="cancelled by the tenant"):
+        state = TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
+        raise InvalidTransition(f"job {job_id} ended as {state} before the cancel arrived; nothing to cancel")
+
+
+def teardown_job(job_id: int) -> None:
+    """Make sure nothing runs of an ended job, or of a replaced attempt; each run is marked gone
+    only once the backend confirms it."""
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is None:
+        return
+    backend = get_backend()
+    freed = False
+    for run in JobAttempt.objects.filter(job_id=job_id).filter(untorn_attempts()).order_by("number"):
+        assert run.backend_handle is not None  # untorn attempts have one
+        replaced = run.number != job.attempt
+        if replaced and _still_stopping(run, backend):
+            continue  # the sweep comes back once it has saved and stopped, or its time is up
+        backend.teardown(run.backend_handle)
+        freed |= bool(
+            JobAttempt.objects.filter(pk=run.pk, torn_down_at__isnull=True).update(torn_down_at=timezone.now())
+        )
+    if freed:
+        # Admission holds back the devices of runs not yet confirmed gone; they are free now.
+        dispatch.send(dispatch.ADMIT)
+
+
+def _still_stopping(run: JobAttempt, backend: Backend) -> bool:
+    """Whether a run that is being replaced (a preemption) should be left to finish its stop: the
+    first call asks it to checkpoint and stop, and it gets ``STOP_BEFORE_TEARDOWN_S`` to do so, so
+    that its next attempt resumes from that step rather than an older one. Never blocks."""
+    assert run.backend_handle is not None
+    if backend.observe(run.backend_handle).phase not in (Phase.RUNNING, Phase.PENDING):
+        return False
+    now = timezone.now()
+    asked = JobAttempt.objects.filter(pk=run.pk, stop_asked_at__isnull=True).update(stop_asked_at=now)
+    if asked:
+        backend.request_stop(run.backend_handle, "preempted")
+        return True
+    asked_at = JobAttempt.objects.values_list("stop_asked_at", flat=True).get(pk=run.pk)
+    return asked_at is not None and (now - asked_at).total_seconds() < STOP_BEFORE_TEARDOWN_S
+
+
+def untorn_job_ids() -> list[int]:
+    """Jobs with a run the backend has not confirmed gone: an ended job whose teardown message was
+    lost (or whose worker died), or an earlier attempt of a preempted or recovered job."""
+    return list(JobAttempt.objects.filter(untorn_attempts()).values_list("job_id", flat=True).distinct())
+
+
+# --- observing ----------------------------------------------------------------------------------
+
+
+def observe_job(job_id: int) -> str:
+    """Ask the backend how a running job fares and act on it; returns the job's state after."""
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is None:
+        raise JobNotFound(job_id)
+    run = recovery.current_attempt(job)
+    if job.state != JobState.RUNNING or run is None or not run.backend_handle:
+        return job.state
+    observation = get_backend().observe(run.backend_handle)
+    # What was observed is this attempt's news only: if the job was preempted or recovered meanwhile,
+    # the claim fails and its next attempt is untouched.
+    if observation.phase == Phase.SUCCEEDED:
+        finish_job(
+            job_id,
+            JobState.SUCCEEDED,
+            message="all ranks finished",
+            from_states=[JobState.RUNNING],
+            attempt=job.attempt,
+        )
+    elif observation.phase == Phase.STOPPED:
+        recovery.handle_stop(job_id, job.attempt)
+    elif observation.phase == Phase.GONE:
+        recovery.handle_failure(job_id, job.attempt, observation, reason="the backend no longer knows this run")
+    elif observation.phase == Phase.FAILED or observation.failure is not None:
+        # A failed rank is news as soon as the backend sees it, before the rest of the run is down.
+        recovery.handle_failure(job_id, job.attempt, observation)
+    elif job.last_heartbeat_at and timezone.now() - job.last_heartbeat_at > timedelta(
+        seconds=settings.POLYCHIP_HEARTBEAT_TIMEOUT_S
+    ):
+        timeout = settings.POLYCHIP_HEARTBEAT_TIMEOUT_S
+        recovery.handle_failure(job_id, job.attempt, None, reason=f"no telemetry from the job for {timeout:.0f} s")
+    return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
+
+
+def running_job_ids() -> list[int]:
+    return list(TrainingJob.objects.filter(state=JobState.RUNNING).values_list("pk", flat=True))

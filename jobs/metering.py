@@ -1,0 +1,87 @@
+"""What jobs hold and what it costs: allocations closed into usage records (billing's outbox, in
+the same transaction), the devices held now for budgets, and what a placement charges a quota."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
+from billing import services as billing
+from billing.contracts import OpenUsage, UsageInterval
+from jobs.models import Allocation, TrainingJob
+from jobs.throughput import nau_rates
+from runtime.scheduling import NAU, FreeDevice
+from runtime.scheduling.model import MILLI
+
+
+def charge(job_class: str, devices: Iterable[FreeDevice], rates: Mapping[tuple[str, str], int]) -> dict[str, int]:
+    """What holding ``devices`` charges a quota: devices per flavor, and milli-NAU."""
+    demand: dict[str, int] = defaultdict(int)
+    for device in devices:
+        demand[device.flavor] += 1
+        demand[NAU] += rates.get((job_class, device.flavor), MILLI)
+    return dict(demand)
+
+
+def end_allocations(job: TrainingJob, ended_at: datetime) -> int:
+    """Close the job's open allocations and write their usage in the current transaction (billing's
+    outbox goes with it, so the ledger learns of every interval exactly once)."""
+    open_allocations = list(job.allocations.filter(ended_at__isnull=True).select_related("device__flavor"))
+    if not open_allocations:
+        return 0
+    for allocation in open_allocations:
+        allocation.ended_at = ended_at
+    Allocation.objects.bulk_update(open_allocations, ["ended_at"])
+    rates = nau_rates([job.job_class])
+    billing.record_usage(
+        UsageInterval(
+            key=f"allocation:{a.pk}",
+            tenant_id=job.tenant_id,
+            job_id=job.pk,
+            device_id=a.device.device_id,
+            flavor=a.device.flavor.name,
+            started_at=a.started_at,
+            ended_at=ended_at,
+            nau_milli=rates.get((job.job_class, a.device.flavor.name), 1000),
+        )
+        for a in open_allocations
+    )
+    return len(open_allocations)
+
+
+def open_usage(tenant_ids: Iterable[int] | None = None) -> list[OpenUsage]:
+    """The devices jobs hold now, for budgets: they cost money before any usage record exists.
+    Billing asks for it through the source that ``JobsConfig.ready`` registers."""
+    allocations = Allocation.objects.filter(ended_at__isnull=True)
+    if tenant_ids is not None:
+        allocations = allocations.filter(job__tenant_id__in=list(tenant_ids))
+    rows = list(
+        allocations.values_list("job__tenant_id", "job_id", "job__job_class", "device__flavor__name", "started_at")
+    )
+    rates = nau_rates({job_class for _, _, job_class, _, _ in rows}) if rows else {}
+    return [
+        OpenUsage(
+            tenant_id=tenant_id,
+            job_id=job_id,
+            flavor=flavor,
+            started_at=started_at,
+            nau_milli=rates.get((job_class, flavor), 1000),
+        )
+        for tenant_id, job_id, job_class, flavor, started_at in rows
+    ]
+
+
+def allocated_ms() -> dict[tuple[int, str], int]:
+    """Milliseconds held by closed allocations per (tenant, flavor), each counted exactly as billing
+    counts the usage record it wrote (whole epoch milliseconds of the end less those of the start),
+    so that a reconciliation compares like with like. Open allocations have no usage record yet."""
+    totals: dict[tuple[int, str], int] = {}
+    rows = Allocation.objects.filter(ended_at__isnull=False).values_list(
+        "job__tenant_id", "device__flavor__name", "started_at", "ended_at"
+    )
+    for tenant_id, flavor, started_at, ended_at in rows.iterator(chunk_size=5000):
+        assert ended_at is not None  # only closed ones were selected
+        key = (tenant_id, flavor)
+        totals[key] = totals.get(key, 0) + billing.held_ms(started_at, ended_at)
+    return totals

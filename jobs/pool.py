@@ -1,0 +1,171 @@
+"""The pool: flavors, nodes and devices as the pool file gives them, their health, the topology,
+and which devices are free to hand out now."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from django.db import transaction
+from django.db.models import F, Q
+
+from jobs import locks
+from jobs.errors import UnknownDevices
+from jobs.models import (
+    TERMINAL_STATES,
+    Allocation,
+    Device,
+    DeviceHealth,
+    Flavor,
+    JobAttempt,
+    Node,
+    PoolTopology,
+)
+from runtime.inventory import Fabric, Pool, make_topology, rack_fat_tree
+from runtime.scheduling import FreeDevice
+
+log = logging.getLogger(__name__)
+
+# Devices that placement may use: degraded ones last, cordoned and failed ones never.
+SCHEDULABLE = (DeviceHealth.HEALTHY, DeviceHealth.DEGRADED)
+
+
+def known_flavors() -> set[str]:
+    return set(Flavor.objects.values_list("name", flat=True))
+
+
+@transaction.atomic
+def sync_pool(pool: Pool) -> int:
+    """Upsert flavors, nodes (rack, coordinates), devices (memory) and the topology from a parsed
+    pool file; returns the device count. Running it twice changes nothing the second time, and it
+    never touches a device's health: that is the operators' (``set_device_health``)."""
+    for flavor in pool.flavors.values():
+        Flavor.objects.update_or_create(
+            name=flavor.name,
+            defaults={
+                "vendor": flavor.vendor,
+                "kind": flavor.kind.value,
+                "model": flavor.model,
+                "peak_bf16_tflops": flavor.peak_bf16_tflops,
+                "memory_gib": flavor.memory_gib,
+                "interconnect": flavor.interconnect,
+                "interconnect_gbps": flavor.interconnect_gbps,
+                "torch_device_type": flavor.torch_device_type,
+                "collective_backend": flavor.collective_backend,
+            },
+        )
+    flavors = {f.name: f for f in Flavor.objects.all()}
+    for spec in pool.nodes:
+        Node.objects.update_or_create(
+            name=spec.name, defaults={"flavor": flavors[spec.flavor], "rack": spec.rack, "coords": list(spec.coords)}
+        )
+    nodes = {n.name: n for n in Node.objects.all()}
+    devices = pool.devices()
+    for device in devices:
+        Device.objects.update_or_create(
+            device_id=device.device_id,
+            defaults={
+                "node": nodes[device.node],
+                "flavor": flavors[device.flavor],
+                "index": device.index,
+                "memory_gib": device.memory_gib,
+            },
+        )
+    if pool.topology is None:
+        PoolTopology.objects.filter(pk=1).delete()  # derived from the racks, as the file says
+    else:
+        PoolTopology.objects.update_or_create(
+            pk=1, defaults={"kind": pool.topology.kind, "parameters": pool.topology.parameters()}
+        )
+    return len(devices)
+
+
+def pool_fabric() -> Fabric:
+    """The pool's topology with every node's coordinates: ``pool_fabric().hops(a, b)`` by node name.
+
+    Built from the stored topology and the nodes' coordinates (two queries, so that a reloaded pool
+    counts at once in every process); a pool without a stored topology, or with a node that has no
+    usable coordinates in it, gets the fat tree that the nodes' racks describe.
+    """
+    rows = list(Node.objects.order_by("pk").values_list("name", "rack", "coords"))
+    stored = PoolTopology.objects.filter(pk=1).first()
+    if stored is not None:
+        try:
+            topology = make_topology(stored.kind, stored.parameters)
+        except ValueError as exc:
+            log.warning("stored pool topology is not usable (%s); using the racks", exc)
+        else:
+            if all(isinstance(c, list) and topology.check(c) is None for _, _, c in rows):
+                return Fabric(topology=topology, coords={name: tuple(c) for name, _, c in rows})
+            log.warning("some nodes have no usable %s coordinates; using the racks", topology.kind)
+    return rack_fat_tree([(name, rack) for name, rack, _ in rows])
+
+
+@transaction.atomic
+def set_device_health(device_ids: Iterable[str], health: DeviceHealth | str, *, by: str = "") -> int:
+    """Set the health of devices (cordon, uncordon, mark failed); returns how many changed.
+
+    A cordoned or failed device is never admitted again until it is healthy (or degraded); jobs
+    already running on it keep running (failure handling comes with recovery). Unknown ids change
+    nothing and raise ``UnknownDevices``.
+    """
+    try:
+        state = DeviceHealth(health)
+    except ValueError:
+        raise ValueError(f"health: {health!r} is not one of {', '.join(DeviceHealth.values)}") from None
+    ids = sorted(set(device_ids))
+    # The admission lock first: a cycle holds it from loading its snapshot of free devices to
+    # committing its allocations; without it a cordon could commit mid-cycle and the cycle would
+    # still hand out the devices it had read as healthy. Waiting here means a running cycle ends
+    # first and the next one reads the new health.
+    locks.admission_lock(wait=True)
+    known = set(Device.objects.filter(device_id__in=ids).values_list("device_id", flat=True))
+    missing = [i for i in ids if i not in known]
+    if missing:
+        raise UnknownDevices(f"device_ids: no such device {missing[0]!r}")
+    # A device that changes health starts its failure prediction afresh: an operator who returns it
+    # has dealt with what the old readings showed.
+    changed = (
+        Device.objects.filter(device_id__in=ids)
+        .exclude(health=state)
+        .update(health=state, alert_streak=0, health_readings=[], unscored_rows=0, failure_score=None)
+    )
+    if changed:
+        log.info("%d device(s) set %s%s", changed, state, f" by {by}" if by else "")
+    return changed
+
+
+def untorn_attempts() -> Q:
+    """Attempts whose run the backend has not confirmed gone although nothing should run of it: an
+    attempt that is no longer its job's current one (preempted, recovered), or the current attempt
+    of a job that ended. As a filter on ``JobAttempt``."""
+    return Q(backend_handle__isnull=False, torn_down_at__isnull=True) & (
+        ~Q(number=F("job__attempt")) | Q(job__state__in=TERMINAL_STATES)
+    )
+
+
+def as_free_device(device: Device) -> FreeDevice:
+    """A device as the scheduler sees it (``select_related("node", "flavor")`` beforehand)."""
+    return FreeDevice(
+        device_id=device.device_id,
+        node=device.node.name,
+        flavor=device.flavor.name,
+        degraded=device.health == DeviceHealth.DEGRADED,
+    )
+
+
+def free_devices() -> list[FreeDevice]:
+    """Schedulable devices that no open allocation holds and no lingering run still occupies."""
+    held = Allocation.objects.filter(ended_at__isnull=True).values("device_id")
+    # A device is free only once nothing runs on it: the runs of ended or preempted attempts that
+    # the backend has not yet confirmed gone still occupy theirs.
+    untorn_jobs = JobAttempt.objects.filter(untorn_attempts()).values("job_id")
+    lingering = Allocation.objects.filter(job__in=untorn_jobs).values("device_id")
+    devices = (
+        Device.objects.filter(health__in=SCHEDULABLE)
+        .exclude(pk__in=held)
+        .exclude(pk__in=lingering)
+        .select_related("node", "flavor")
+        .order_by("device_id")
+    )
+    return [as_free_device(d) for d in devices]

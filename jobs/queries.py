@@ -1,0 +1,388 @@
+"""Reads: jobs, their events, the queue, the pool and quota use, as the contracts that leave the app.
+
+Nothing here changes anything. The views of a job's balance, exchange and recovery are built from
+what ingest stored and from the job's typed spec.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.utils import timezone
+
+from jobs.contracts import DeviceView, EventView, FlavorPoolView, JobView, QueuedJobView, QuotaUsageView
+from jobs.errors import JobNotFound
+from jobs.models import Allocation, DeviceHealth, Flavor, JobAttempt, JobEvent, JobState, TrainingJob
+from jobs.snapshot import holding_jobs, tenant_quotas
+from jobs.throughput import throughput_matrix
+from runtime.recovery.advisor import advise, job_mtbf_s
+from runtime.scheduling import QuotaLedger
+from runtime.scheduling.model import MILLI, NAU
+
+ALLOCATION_DEVICES = ("allocations__device__node", "allocations__device__flavor")
+
+
+def _device_views(job: TrainingJob) -> tuple[DeviceView, ...]:
+    # Sorted here, not in SQL, so that a list of jobs fetched with ALLOCATION_DEVICES prefetched
+    # costs no query per job.
+    allocations = sorted(job.allocations.all(), key=lambda a: (a.rank, a.started_at))
+    return tuple(
+        DeviceView(
+            rank=a.rank,
+            device_id=a.device.device_id,
+            flavor=a.device.flavor.name,
+            node=a.device.node.name,
+            started_at=a.started_at,
+            ended_at=a.ended_at,
+        )
+        for a in allocations
+    )
+
+
+QUEUE_ORDER = ("-priority", "created_at", "pk")  # as the scheduler orders a tenant's queue
+
+
+def queue_positions(tenant_id: int) -> dict[int, int]:
+    """Each waiting job's place in its tenant's queue (1 = next), in the order admission considers
+    them; computed when read, so a cycle never rewrites thousands of rows to shift them by one."""
+    queued = TrainingJob.scoped.for_tenant(tenant_id).filter(state=JobState.QUEUED).order_by(*QUEUE_ORDER)
+    return {job_id: place for place, job_id in enumerate(queued.values_list("pk", flat=True), start=1)}
+
+
+def queue_position(job: TrainingJob) -> int:
+    """One waiting job's place, by counting who is ahead of it (the push relay asks this per event,
+    so it must not read the whole queue)."""
+    same = Q(priority=job.priority)
+    ahead = (
+        Q(priority__gt=job.priority)
+        | (same & Q(created_at__lt=job.created_at))
+        | (same & Q(created_at=job.created_at, pk__lt=job.pk))
+    )
+    queued = TrainingJob.scoped.for_tenant(job.tenant_id).filter(state=JobState.QUEUED)
+    return queued.filter(ahead).count() + 1
+
+
+def to_view(job: TrainingJob, *, position: int | None = None) -> JobView:
+    return JobView(
+        id=job.pk,
+        tenant_id=job.tenant_id,
+        name=job.name,
+        state=job.state,
+        spec=job.spec,
+        pending_reason=job.pending_reason,
+        failure_reason=job.failure_reason,
+        created_at=job.created_at,
+        admitted_at=job.admitted_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        steps_done=job.steps_done,
+        total_steps=job.total_steps,
+        first_loss=job.first_loss,
+        last_loss=job.last_loss,
+        recent_losses=tuple(job.recent_losses),
+        samples_per_s=job.samples_per_s,
+        rank_stats=job.rank_stats,
+        artifact_path=job.artifact_path,
+        devices=_device_views(job),
+        priority=job.priority,
+        queue_position=position if job.state == JobState.QUEUED else None,
+        demand=dict(job.demand),
+        borrowing=job.borrowing,
+        attempt=job.attempt,
+        preemptions=job.preemptions,
+        balance=balance_view(job),
+        comm=comm_view(job),
+        restarts=job.restarts,
+        recovery=recovery_view(job),
+    )
+
+
+def balance_view(job: TrainingJob) -> dict[str, Any]:
+    """The job's balancing as the API and portal show it: the spec's mode and, once rank 0 reported,
+    the current split (chunks of per-rank samples), its balance efficiency on the predicted speeds,
+    the predicted per-rank samples/s, and how many times the split changed."""
+    stored = job.balance_stats
+    mode = job.job_spec.balancing.mode
+    split = stored.get("split")
+    return {
+        "mode": mode,
+        "efficiency": stored.get("efficiency"),
+        "split": split,
+        "micro_batches": [sum(chunk[r] for chunk in split) for r in range(len(split[0]))] if split else None,
+        "accumulation": len(split) if split else None,
+        "predicted_samples_per_s": stored.get("predicted"),
+        "rebalances": stored.get("rebalances", 0),
+        "last_rebalance": stored.get("last_rebalance"),
+        "stragglers": sorted({rank for rank, _ in stored.get("stragglers", [])}),
+    }
+
+
+def comm_view(job: TrainingJob) -> dict[str, Any]:
+    """The job's communication as the API and portal show it: the spec's requested policy and, once
+    rank 0 reported, the policy that ran with its reason (why auto chose it), the vendor groups, the
+    link emulation, and per-step figures: the latest step's while the job runs, the run's averages
+    (``comm_summary``) once it has ended."""
+    stored = job.comm_stats
+    requested = job.job_spec.comm.to_json()
+    ran = stored.get("ran") or {}
+    last, summary = stored.get("last_step"), stored.get("summary")
+    per_step: dict[str, Any] | None = None
+    if summary:  # the run's averages, once the job has ended
+        per_step = {"source": "run", "steps": summary.get("steps")}
+        per_step |= {name: summary.get(key) for name, (key, _) in _PER_STEP_FIELDS.items()}
+    elif last:  # rank 0's latest step while it runs
+        per_step = {"source": "step", "step": last.get("step")}
+        per_step |= {name: last.get(key) for name, (_, key) in _PER_STEP_FIELDS.items()}
+    return {
+        "requested": requested,
+        **{key: ran.get(key) or None for key in ("policy", "compression", "reason")},
+        **{key: ran.get(key) for key in ("hierarchical", "groups", "buckets", "overlap", "link", "link_gbit_measured")},
+        "per_step": per_step,
+    }
+
+
+# The per-step figures the API shows: (key in the worker's comm_summary, key in its step events).
+_PER_STEP_FIELDS = {
+    "bytes_cross": ("bytes_cross_per_step", "comm_bytes_cross"),
+    "bytes_intra": ("bytes_intra_per_step", "comm_bytes_intra"),
+    "collective_s": ("collective_s_per_step", "collective_s"),
+    "exposed_s": ("exposed_s_per_step", "exposed_s"),
+    "hidden_share": ("hidden_share", "hidden_share"),
+}
+
+
+def get_job(*, tenant_id: int, job_id: int) -> JobView:
+    found = TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).prefetch_related(*ALLOCATION_DEVICES)
+    job = with_current_attempt(found).first()
+    if job is None:
+        raise JobNotFound(job_id)
+    return to_view(job, position=queue_position(job) if job.state == JobState.QUEUED else None)
+
+
+def list_jobs(*, tenant_id: int, limit: int = 100) -> list[JobView]:
+    jobs = with_current_attempt(
+        TrainingJob.scoped.for_tenant(tenant_id).prefetch_related(*ALLOCATION_DEVICES).order_by("-created_at", "-pk")
+    )[:limit]
+    positions = queue_positions(tenant_id)
+    return [to_view(job, position=positions.get(job.pk)) for job in jobs]
+
+
+def event_view(event: JobEvent) -> EventView:
+    return EventView(
+        id=event.pk,
+        job_id=event.job_id,
+        tenant_id=event.tenant_id,
+        kind=event.kind,
+        from_state=event.from_state,
+        to_state=event.to_state,
+        message=event.message,
+        data=event.data,
+        created_at=event.created_at,
+    )
+
+
+def list_events(*, tenant_id: int, job_id: int) -> list[EventView]:
+    if not TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).exists():
+        raise JobNotFound(job_id)
+    return [event_view(e) for e in JobEvent.scoped.for_tenant(tenant_id).filter(job_id=job_id).order_by("pk")]
+
+
+def recent_events(*, after_id: int, window_s: float, limit: int = 500) -> list[EventView]:
+    """Events after ``after_id``, and those written in the last ``window_s`` seconds whatever their
+    id (a slow transaction commits late), oldest first: what the push relay considers next."""
+    since = timezone.now() - timedelta(seconds=window_s)
+    events = JobEvent.objects.filter(Q(pk__gt=after_id) | Q(created_at__gte=since)).order_by("pk")[:limit]
+    return [event_view(e) for e in events]
+
+
+def latest_event_id() -> int:
+    last = JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first()
+    return last or 0
+
+
+def pool_summary() -> list[FlavorPoolView]:
+    health_counts = {
+        state.value: Count("devices", filter=Q(devices__health=state), distinct=True) for state in DeviceHealth
+    }
+    flavors = Flavor.objects.annotate(
+        total=Count("devices", distinct=True),
+        allocated=Count(
+            "devices",
+            filter=Q(devices__allocations__ended_at__isnull=True, devices__allocations__isnull=False),
+            distinct=True,
+        ),
+        **{f"health_{state}": count for state, count in health_counts.items()},
+    ).order_by("-peak_bf16_tflops")
+    return [
+        FlavorPoolView(
+            flavor=f.name,
+            vendor=f.vendor,
+            kind=f.kind,
+            model=f.model,
+            peak_bf16_tflops=f.peak_bf16_tflops,
+            memory_gib=f.memory_gib,
+            interconnect=f.interconnect,
+            devices=f.total,
+            healthy=getattr(f, f"health_{DeviceHealth.HEALTHY}"),
+            allocated=f.allocated,
+            by_health={state: getattr(f, f"health_{state}") for state in health_counts},
+        )
+        for f in flavors
+    ]
+
+
+def quota_usage(*, tenant_id: int) -> list[QuotaUsageView]:
+    """The tenant's quotas with what its running work holds against them, and what its cohort
+    could lend it now, computed by the same ledger that admission uses."""
+    quotas = tenant_quotas()
+    own = quotas.get(tenant_id)
+    if own is None:
+        return []
+    rates = throughput_matrix().rates(["synthetic-mlp"])
+    ledger = QuotaLedger(quotas, holding_jobs(rates))
+    usage = ledger.usage(tenant_id)
+
+    def show(resource: str, amount: int | None) -> float | None:
+        if amount is None:
+            return None
+        return round(amount / MILLI, 3) if resource == NAU else float(amount)
+
+    rows = []
+    for resource, limit in sorted(own.limits.items(), key=lambda item: (item[0] == NAU, item[0])):
+        in_use = usage.get(resource, 0)
+        rows.append(
+            QuotaUsageView(
+                resource=resource,
+                unit="NAU" if resource == NAU else "devices",
+                nominal=show(resource, limit.nominal) or 0.0,
+                borrowing_limit=show(resource, limit.borrowing_limit),
+                lending_limit=show(resource, limit.lending_limit),
+                in_use=show(resource, in_use) or 0.0,
+                borrowed=show(resource, max(0, in_use - limit.nominal)) or 0.0,
+                cohort=own.cohort,
+                cohort_can_lend=show(resource, ledger.lendable_free(own.cohort, resource)) if own.cohort else None,
+            )
+        )
+    return rows
+
+
+def queue(*, tenant_id: int, limit: int = 500) -> list[QueuedJobView]:
+    """The tenant's waiting jobs in the order admission considers them, with place and reason."""
+    jobs = TrainingJob.scoped.for_tenant(tenant_id).filter(state=JobState.QUEUED).order_by(*QUEUE_ORDER)[:limit]
+    return [
+        QueuedJobView(
+            id=job.pk,
+            name=job.name,
+            priority=job.priority,
+            position=place,
+            reason=job.pending_reason or "waiting for the next admission cycle",
+            submitted_at=job.created_at,
+        )
+        for place, job in enumerate(jobs, start=1)
+    ]
+
+
+_RATE_CACHE: dict[str, Any] = {}
+RATE_CACHE_S = 60.0
+
+
+def pool_failure_rate() -> tuple[float, str]:
+    """``failures_per_device_hour``, recomputed at most once a minute (every job view shows it)."""
+    cached = _RATE_CACHE.get("rate")
+    if cached is None or time.monotonic() - cached[0] > RATE_CACHE_S:
+        cached = (time.monotonic(), failures_per_device_hour())
+        _RATE_CACHE["rate"] = cached
+    return cached[1]
+
+
+def failures_per_device_hour(now: datetime | None = None, window: timedelta = timedelta(days=30)) -> tuple[float, str]:
+    """The pool's measured failure rate, with where it came from: failures that marked a device
+    failed over the device-hours run in the window; the configured prior until 100 device-hours
+    of history exist."""
+    now = now or timezone.now()
+    since = now - window
+    rows = Allocation.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since)).values_list(
+        "started_at", "ended_at"
+    )
+    hours = sum(((end or now) - max(start, since)).total_seconds() for start, end in rows) / 3600.0
+    failures = JobEvent.objects.filter(created_at__gte=since, data__has_key="device_failed").count()
+    prior = settings.POLYCHIP_DEVICE_FAILURES_PER_HOUR
+    if hours < 100.0:
+        return (
+            prior,
+            f"the configured prior of {prior:g} failures per device-hour ({hours:.0f} device-hours seen so far)",
+        )
+    return (
+        failures / hours,
+        f"{failures} device failure(s) in {hours:.0f} device-hours over the last {window.days} days",
+    )
+
+
+def recovery_view(job: TrainingJob) -> dict[str, Any]:
+    """Recovery as the API and portal show it: the checkpoint policy, restarts, the last failure and
+    restore, and the interval advisor's suggestion with its reasoning."""
+    spec = job.job_spec
+    devices, min_devices = spec.devices, spec.min_devices or spec.devices
+    stored = job.recovery or {}
+    saves = stored.get("checkpoints") or {}
+    count = saves.get("count") or 0
+    checkpoints = None
+    if count:
+        latest = saves.get("latest") or {}
+        checkpoints = {
+            "count": count,
+            "latest_step": latest.get("step"),
+            "latest_kind": latest.get("checkpoint_kind"),
+            "bytes": latest.get("bytes"),
+            "stall_ms_avg": round(saves["stall_ms_sum"] / count, 3),
+            "write_ms_avg": round(saves["write_ms_sum"] / count, 3),
+            "background": latest.get("background"),
+        }
+    return {
+        "checkpoint": spec.checkpoint.to_json(),
+        "restarts": job.restarts,
+        "max_restarts": spec.max_restarts,
+        "devices": devices,
+        "min_devices": min_devices,
+        "stop_requested": _stop_requested(job) or None,
+        "checkpoints": checkpoints,
+        "last_failure": stored.get("last_failure"),
+        "restored": stored.get("restored"),
+        "resumed": stored.get("resumed"),
+        "advice": _advice(job, checkpoints, devices),
+    }
+
+
+def _advice(job: TrainingJob, checkpoints: dict[str, Any] | None, devices: int) -> dict[str, Any] | None:
+    """Young/Daly intervals from this job's measured checkpoint cost and step time and the pool's
+    failure rate; None until the job has saved a checkpoint and reported its step time."""
+    step_time = None
+    rank0 = (job.rank_stats or {}).get("0") or {}
+    if rank0.get("step_time_s"):
+        step_time = float(rank0["step_time_s"])
+    elif job.samples_per_s:
+        step_time = float(job.job_spec.workload.global_batch) / job.samples_per_s
+    if checkpoints is None or not step_time:
+        return None
+    rate, source = pool_failure_rate()
+    cost_s = max(checkpoints["stall_ms_avg"], 0.001) / 1000.0
+    advice = advise(cost_s, job_mtbf_s(devices, rate), step_time)
+    return {**advice.to_json(), "failure_rate_source": source}
+
+
+def with_current_attempt(jobs: QuerySet[TrainingJob]) -> QuerySet[TrainingJob]:
+    """``jobs`` with what their current attempt says that a view shows (one query for a whole list)."""
+    current = JobAttempt.objects.filter(job_id=OuterRef("pk"), number=OuterRef("attempt"))
+    return jobs.annotate(current_stop_requested=Subquery(current.values("stop_requested")[:1]))
+
+
+def _stop_requested(job: TrainingJob) -> str:
+    """The move asked of the job's current attempt, if any."""
+    if "current_stop_requested" in job.__dict__:  # annotated by with_current_attempt
+        return str(job.__dict__["current_stop_requested"] or "")
+    found = JobAttempt.objects.filter(job_id=job.pk, number=job.attempt).values_list("stop_requested", flat=True)
+    return found.first() or ""

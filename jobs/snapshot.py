@@ -1,0 +1,139 @@
+"""The capacity snapshot an admission cycle decides on: quotas, waiting jobs, held devices, free
+devices, NAU rates, decayed usage and hop distances, loaded from the database in a few queries."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.metering import charge
+from jobs.models import Allocation, JobState, TrainingJob
+from jobs.pool import free_devices, pool_fabric
+from jobs.throughput import throughput_matrix
+from runtime.scheduling import (
+    NAU,
+    AdmittedJob,
+    FreeDevice,
+    Limit,
+    PendingJob,
+    Snapshot,
+    TenantQuota,
+    decayed_usage,
+)
+from runtime.scheduling.model import MILLI
+from tenants import services as tenants
+
+# Jobs that hold devices against their tenant's quota.
+HOLDING_STATES = (JobState.ADMITTED, JobState.RUNNING)
+
+
+def _amount(resource: str, value: Decimal) -> int:
+    """A quota in the scheduler's integers: devices for a flavor, milli-NAU for NAU."""
+    return int(value * MILLI) if resource == NAU else int(value)
+
+
+def tenant_quotas() -> dict[int, TenantQuota]:
+    quotas: dict[int, TenantQuota] = {}
+    for view in tenants.quotas_for_admission():
+        limits = {
+            resource: Limit(
+                nominal=_amount(resource, q.nominal),
+                borrowing_limit=None if q.borrowing_limit is None else _amount(resource, q.borrowing_limit),
+                lending_limit=None if q.lending_limit is None else _amount(resource, q.lending_limit),
+            )
+            for resource, q in view.quotas.items()
+        }
+        quotas[view.id] = TenantQuota(tenant_id=view.id, cohort=view.cohort, limits=limits, weight=float(view.weight))
+    return quotas
+
+
+def holding_jobs(rates: Mapping[tuple[str, str], int]) -> list[AdmittedJob]:
+    by_job: dict[int, list[FreeDevice]] = defaultdict(list)
+    open_allocations = (
+        Allocation.objects.filter(ended_at__isnull=True, job__state__in=HOLDING_STATES)
+        .order_by("job_id", "rank")
+        .values_list("job_id", "device__device_id", "device__node__name", "device__flavor__name")
+    )
+    for job_id, device_id, node, flavor in open_allocations:
+        by_job[job_id].append(FreeDevice(device_id=device_id, node=node, flavor=flavor))
+    jobs = TrainingJob.objects.filter(pk__in=by_job).only(
+        "pk", "tenant_id", "priority", "admitted_at", "demand", "borrowing", "job_class"
+    )
+    return [
+        AdmittedJob(
+            job_id=job.pk,
+            tenant_id=job.tenant_id,
+            priority=job.priority,
+            admitted_at=(job.admitted_at or timezone.now()).timestamp(),
+            devices=tuple(by_job[job.pk]),
+            # Jobs admitted before quotas existed carry no charge: price them as they stand.
+            demand=job.demand or charge(job.job_class, by_job[job.pk], rates),
+            borrowing=job.borrowing,
+        )
+        for job in jobs
+    ]
+
+
+def pending_jobs() -> list[PendingJob]:
+    # Two required fields of the stored spec (``JobSpec.to_dict``), read in SQL: a cycle reads
+    # thousands of waiting jobs and needs nothing else of their specs.
+    rows = TrainingJob.objects.filter(state=JobState.QUEUED).values_list(
+        "pk", "tenant_id", "priority", "created_at", "spec__devices", "spec__flavors", "job_class"
+    )
+    return [
+        PendingJob(
+            job_id=pk,
+            tenant_id=tenant_id,
+            priority=priority,
+            submitted_at=created_at.timestamp(),
+            devices=int(devices),
+            flavors=tuple(flavors),
+            job_class=job_class,
+        )
+        for pk, tenant_id, priority, created_at, devices, flavors, job_class in rows
+    ]
+
+
+def usage_history(now: datetime, rates: Mapping[tuple[str, str], int]) -> dict[int, dict[str, float]]:
+    """Each tenant's decayed usage per resource over the last few half-lives, as an average amount
+    in use: last week's burst weighs little, the last hour's a lot."""
+    half_life_s = settings.POLYCHIP_FAIR_SHARE_HALF_LIFE_H * 3600.0
+    horizon = now - timedelta(seconds=half_life_s * 6)
+    rows = Allocation.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=horizon)).values_list(
+        "job__tenant_id", "job__job_class", "device__flavor__name", "started_at", "ended_at"
+    )
+    intervals: dict[tuple[int, str], list[tuple[float, float | None, float]]] = defaultdict(list)
+    for tenant_id, job_class, flavor, started_at, ended_at in rows:
+        start = started_at.timestamp()
+        end = ended_at.timestamp() if ended_at else None
+        intervals[(tenant_id, flavor)].append((start, end, 1.0))
+        intervals[(tenant_id, NAU)].append((start, end, float(rates.get((job_class, flavor), MILLI))))
+    history: dict[int, dict[str, float]] = defaultdict(dict)
+    for (tenant_id, resource), spans in intervals.items():
+        history[tenant_id][resource] = decayed_usage(spans, now.timestamp(), half_life_s)
+    return dict(history)
+
+
+def load_snapshot(now: datetime) -> Snapshot:
+    matrix = throughput_matrix()
+    pending = pending_jobs()
+    classes = {job.job_class for job in pending} | set(
+        TrainingJob.objects.filter(state__in=HOLDING_STATES).values_list("job_class", flat=True).distinct()
+    )
+    rates = matrix.rates(classes | {"synthetic-mlp"})
+    return Snapshot(
+        now=now.timestamp(),
+        tenants=tenant_quotas(),
+        pending=pending,
+        admitted=holding_jobs(rates),
+        free=free_devices(),
+        nau_rates=rates,
+        history=usage_history(now, rates),
+        distance=pool_fabric().hops,  # devices chosen by topology: fewest hops
+    )
