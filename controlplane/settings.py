@@ -196,7 +196,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": POLYCHIP_RELAY_SECONDS,
         "options": {"expires": POLYCHIP_RELAY_SECONDS * 2},
     },
-    "check-budgets": {"task": "jobs.tasks.check_budgets", "schedule": 30.0, "options": {"expires": 60.0}},
+    "check-budgets": {"task": "billing.tasks.check_budgets", "schedule": 30.0, "options": {"expires": 60.0}},
     "invoice-cycle": {"task": "billing.tasks.invoice_cycle", "schedule": 3600.0, "options": {"expires": 3600.0}},
 }
 # Last month's invoices are finalized from this day of the month on (usage of last month that arrives

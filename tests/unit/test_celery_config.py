@@ -16,5 +16,5 @@ def test_tasks_are_acknowledged_late_and_requeued_when_their_worker_dies():
 def test_the_beat_schedule_relays_usage_checks_budgets_and_runs_invoices():
     app.loader.import_default_modules()
     tasks = {entry["task"] for entry in app.conf.beat_schedule.values()}
-    assert {"billing.tasks.relay_usage", "jobs.tasks.check_budgets", "billing.tasks.invoice_cycle"} <= tasks
+    assert {"billing.tasks.relay_usage", "billing.tasks.check_budgets", "billing.tasks.invoice_cycle"} <= tasks
     assert tasks <= set(app.tasks)  # every scheduled name is a registered task
