@@ -48,6 +48,7 @@ from billing.models import (
     UsageRecord,
     invoice_number,
 )
+from controlplane import domain
 
 log = logging.getLogger(__name__)
 
@@ -58,20 +59,30 @@ INGEST_CHUNK = 1000
 RELAY_BATCH = 1000  # outbox rows per relay transaction
 
 
-class BillingError(ValueError):
-    """A request billing cannot carry out; ``field`` names what to fix."""
+class BillingError(domain.DomainError, ValueError):
+    """A request billing cannot carry out; ``field`` names what to fix ("" when nothing in the request
+    is at fault). Its subclass says how the API answers it (``controlplane.errors``)."""
 
     def __init__(self, message: str, *, field: str = "") -> None:
-        super().__init__(message)
+        super().__init__(message, field=field or None)
         self.field = field
 
 
-class UsageConflict(BillingError):
+class BillingInvalid(BillingError, domain.Invalid):
+    """The request's own figures are wrong (400): a period not written YYYY-MM, a negative budget."""
+
+
+class BillingConflict(BillingError, domain.Conflict):
+    """The request is well formed, but the state of billing forbids it (409): a period not over yet, an
+    earlier period still a draft, no default price book."""
+
+
+class UsageConflict(BillingConflict):
     pass
 
 
-class InvoiceNotFound(BillingError):
-    pass
+class InvoiceNotFound(BillingError, domain.NotFound):
+    """No such invoice for this tenant: another tenant's invoice answers exactly like a missing one (404)."""
 
 
 # --- usage in ---------------------------------------------------------------------------------------
@@ -89,11 +100,11 @@ def duration_ms(interval: UsageInterval) -> int:
 
 def _validate(interval: UsageInterval) -> None:
     if not interval.key or len(interval.key) > 200:
-        raise BillingError(f"usage key {interval.key!r}: give 1 to 200 characters", field="key")
+        raise BillingInvalid(f"usage key {interval.key!r}: give 1 to 200 characters", field="key")
     if interval.ended_at < interval.started_at:
-        raise BillingError(f"usage {interval.key}: ended_at is before started_at", field="ended_at")
+        raise BillingInvalid(f"usage {interval.key}: ended_at is before started_at", field="ended_at")
     if interval.nau_milli < 0:
-        raise BillingError(f"usage {interval.key}: nau_milli must not be negative", field="nau_milli")
+        raise BillingInvalid(f"usage {interval.key}: nau_milli must not be negative", field="nau_milli")
 
 
 def _row(interval: UsageInterval) -> tuple[Any, ...]:
@@ -240,7 +251,7 @@ def ingest_usage(intervals: Sequence[UsageInterval], *, now: datetime | None = N
         start_ms, end_ms = rating.epoch_ms(interval.started_at), rating.epoch_ms(interval.ended_at)
         period_end = rating.next_period(rating.period_of(max(start_ms, end_ms - 1)))
         if now.date() > period_end + timedelta(days=LATE_USAGE_DAYS):
-            raise BillingError(
+            raise BillingInvalid(
                 f"usage {interval.key} ended in {interval.ended_at:%Y-%m}, more than {LATE_USAGE_DAYS} days "
                 "before now; usage that late is not billed automatically: ask an operator to credit it",
                 field="ended_at",
@@ -340,7 +351,7 @@ def default_price_book() -> PriceBook:
         pass  # another worker created it, or a book named "standard" exists but is not the default
     book = PriceBook.objects.filter(is_default=True).first()
     if book is None:
-        raise BillingError("no default price book: mark one as default in the admin (Billing > Price books)")
+        raise BillingConflict("no default price book: mark one as default in the admin (Billing > Price books)")
     return book
 
 
@@ -372,7 +383,7 @@ def parse_period(text: str) -> date:
         year, month = (int(part) for part in text.split("-"))
         return date(year, month, 1)
     except (ValueError, TypeError):
-        raise BillingError(f"period {text!r}: write it as YYYY-MM, e.g. 2026-11", field="period") from None
+        raise BillingInvalid(f"period {text!r}: write it as YYYY-MM, e.g. 2026-11", field="period") from None
 
 
 def _rated(entries: Any, book: rating.PriceBook, period: date) -> rating.RatedInvoice:
@@ -458,7 +469,7 @@ def draft_invoice(tenant_id: int, period: date) -> InvoiceView:
 def _refuse_open_period(period: date, now: datetime) -> None:
     if rating.epoch_ms(now) < rating.period_bounds_ms(period)[1]:
         after = rating.next_period(period)
-        raise BillingError(
+        raise BillingConflict(
             f"period {period:%Y-%m} has not ended: it can be finalized from {after.isoformat()} 00:00 UTC on",
             field="period",
         )
@@ -477,7 +488,7 @@ def finalize_invoice(tenant_id: int, period: date, *, now: datetime | None = Non
         statuses = _invoice_statuses(tenant_id)
         earlier = _unsettled_before(tenant_id, period, statuses)
         if earlier:
-            raise BillingError(
+            raise BillingConflict(
                 f"{earlier[0]:%Y-%m} is not invoiced yet (a draft, or usage without an invoice): finalize "
                 "periods in order",
                 field="period",
@@ -592,7 +603,7 @@ def list_invoices(tenant_id: int) -> list[InvoiceView]:
 def get_invoice(*, tenant_id: int, invoice_id: int) -> InvoiceView:
     invoice = Invoice.objects.filter(tenant_id=tenant_id, pk=invoice_id).select_related("tenant").first()
     if invoice is None:
-        raise InvoiceNotFound(f"no invoice {invoice_id}", field="invoice")
+        raise InvoiceNotFound(f"no invoice {invoice_id}")
     return _invoice_view(invoice, with_lines=True)
 
 
@@ -806,7 +817,7 @@ def hard_budget_reason(status: BudgetStatus) -> str:
 def set_budgets(tenant_id: int, *, soft: Decimal | None, hard: Decimal | None) -> BudgetStatus:
     for name, value in (("soft_budget", soft), ("hard_budget", hard)):
         if value is not None and (not value.is_finite() or value < 0 or value != value.quantize(Decimal("0.01"))):
-            raise BillingError(f"{name} must be a non-negative amount with at most 2 decimals", field=name)
+            raise BillingInvalid(f"{name} must be a non-negative amount with at most 2 decimals", field=name)
     BillingAccount.objects.update_or_create(tenant_id=tenant_id, defaults={"soft_budget": soft, "hard_budget": hard})
     return budget_status(tenant_id)
 

@@ -1,10 +1,37 @@
-"""The Celery app; tasks live in each app's ``tasks.py`` and take ids, never objects."""
+"""The Celery app; tasks live in each app's ``tasks.py`` and take ids, never objects.
+
+Every task carries an explicit ``name`` (the name beat and ``send_task`` use; today's are the module
+paths, e.g. ``billing.tasks.relay_usage``) and retries only ``TRANSIENT_ERRORS``, e.g.::
+
+    @shared_task(name="billing.tasks.invoice_cycle", autoretry_for=TRANSIENT_ERRORS, **RETRY_POLICY)
+
+A periodic task that beat sends again within seconds needs no retry: its next run is the retry.
+"""
 
 import os
+from typing import Any, Final
 
 from celery import Celery
+from django.db.utils import InterfaceError, OperationalError
+from kombu.exceptions import OperationalError as BrokerOperationalError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+# What is worth retrying a task for: the database or the broker (or the channel layer's Redis) was away
+# for a moment: a restart, a failover, a dropped connection, or a serialization failure or deadlock,
+# which PostgreSQL reports as an OperationalError. Anything else is a bug or a refusal, and a retry would
+# only repeat it.
+TRANSIENT_ERRORS: Final[tuple[type[Exception], ...]] = (
+    OperationalError,
+    InterfaceError,
+    BrokerOperationalError,
+    RedisConnectionError,
+    RedisTimeoutError,
+)
+# Waits of about 1, 2, 4, 8, 16 s (full jitter), then the task fails as it would have without retries.
+RETRY_POLICY: Final[dict[str, Any]] = {"retry_backoff": True, "retry_backoff_max": 60, "max_retries": 5}
 
 app = Celery("polychip")
 app.config_from_object("django.conf:settings", namespace="CELERY")

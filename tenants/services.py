@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, OuterRef, Prefetch, Subquery
 from django.utils import timezone
 
+from controlplane import domain
 from runtime.errors import FieldError
 from tenants import quota_rules
 from tenants.contracts import (
@@ -51,11 +52,15 @@ ROLE_SCOPES: Final[dict[str, frozenset[str]]] = {
 SCOPE_ORDER: Final = tuple(s.value for s in Scope)
 
 
-class Refused(FieldError):
+class Refused(FieldError, domain.DomainError):
+    """A refusal naming the field to fix; ``controlplane.errors`` answers it (400 unless a subclass says
+    otherwise)."""
+
     code = "invalid"
+    field: str  # always names one
 
 
-class InvalidInput(Refused):
+class InvalidInput(Refused, domain.Invalid):
     """The request itself is wrong (HTTP 400)."""
 
     def __init__(self, field: str, message: str, code: str = "invalid") -> None:
@@ -63,7 +68,7 @@ class InvalidInput(Refused):
         self.code = code
 
 
-class Conflict(Refused):
+class Conflict(Refused, domain.Conflict):
     """The request clashes with what exists (HTTP 409)."""
 
     def __init__(self, field: str, message: str, code: str = "conflict") -> None:
@@ -71,8 +76,8 @@ class Conflict(Refused):
         self.code = code
 
 
-class NotFound(LookupError):
-    """No such object, or not one the caller may see: the two answer alike."""
+class NotFound(domain.NotFound, LookupError):
+    """No such object, or not one the caller may see: the two answer alike (HTTP 404)."""
 
 
 def _ref(tenant: Tenant) -> TenantRef:

@@ -1,7 +1,10 @@
 """REST endpoints of the billing app: a tenant's usage and invoices, as JSON or CSV; invoice runs for operators.
 
-Each handler checks its parameters, calls ``billing.services``, and writes the answer. Refusals come
-back in the project's error shape naming the field to fix. The budget endpoint lives in ``jobs.api``:
+Each handler checks its parameters, calls ``billing.services``, and writes the answer. A parameter it
+cannot use is a ``BadParameter`` ("field: message", like DRF's own). Handlers catch nothing else: the
+services' refusals (``BillingInvalid`` 400, ``InvoiceNotFound`` 404, ``BillingConflict`` 409,
+``RatingError`` 409 ``unpriced``) reach ``controlplane.errors``, which answers them in the project's
+error shape naming the field to fix. The budget endpoint lives in ``jobs.api``:
 a budget's spend counts the devices jobs hold now, and billing may not import jobs.
 """
 
@@ -25,11 +28,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing import rating, services
+from billing import services
 from billing.api import serializers as out
-from billing.contracts import InvoiceView
 from billing.models import Invoice, LedgerEntry
-from controlplane.errors import error_response
 from tenants.api.access import request_tenant_id
 from tenants.permissions import IsOperator, RequireScope
 
@@ -88,7 +89,7 @@ def _period(text: Any) -> date:
         raise BadParameter("period", f"write it as YYYY-MM, e.g. 2026-11; got {text!r}")
     try:
         return services.parse_period(text.strip())
-    except services.BillingError as exc:
+    except services.BillingInvalid as exc:  # answered as every query parameter is: "period: ..."
         raise BadParameter(exc.field or "period", str(exc)) from None
 
 
@@ -195,18 +196,11 @@ class InvoiceDetailView(_BillingView):
     def get(self, request: Request, invoice_id: int) -> Any:
         tenant_id = request_tenant_id(request)
         fmt = export_format(request)
-        invoice = _invoice_or_404(tenant_id, invoice_id)
+        # Another tenant's invoice answers exactly like a missing one (404), so ids cannot be probed.
+        invoice = services.get_invoice(tenant_id=tenant_id, invoice_id=invoice_id)
         if fmt == "csv":
             return csv_response(request, f"{invoice.number}.csv", out.LINE_COLUMNS, out.line_rows(invoice))
         return Response(out.invoice_detail_json(invoice))
-
-
-def _invoice_or_404(tenant_id: int, invoice_id: int) -> InvoiceView:
-    try:
-        return services.get_invoice(tenant_id=tenant_id, invoice_id=invoice_id)
-    except services.InvoiceNotFound:
-        # Another tenant's invoice answers exactly like a missing one, so ids cannot be probed.
-        raise NotFound(f"no invoice {invoice_id}") from None
 
 
 # --- operators -------------------------------------------------------------------------------------
@@ -224,16 +218,6 @@ def _body(data: Any, *, allowed: Sequence[str], required: Sequence[str] = ()) ->
     return data
 
 
-def _refused(exc: services.BillingError) -> Response:
-    # The request was well formed, but the invoices' state forbids it (a period not over yet, an
-    # earlier period still a draft).
-    return error_response(status.HTTP_409_CONFLICT, "conflict", str(exc), field=exc.field or None)
-
-
-def _unpriced(exc: rating.RatingError) -> Response:
-    return error_response(status.HTTP_409_CONFLICT, "unpriced", str(exc))
-
-
 class _OperatorView(_BillingView):
     permission_classes = [IsOperator]
 
@@ -247,12 +231,7 @@ class InvoiceRunView(_OperatorView):
         finalize = body.get("finalize", False)
         if not isinstance(finalize, bool):
             raise BadParameter("finalize", f"must be true or false, got {finalize!r}")
-        try:
-            invoices = services.run_invoices(period, finalize=finalize)
-        except services.BillingError as exc:
-            return _refused(exc)
-        except rating.RatingError as exc:
-            return _unpriced(exc)
+        invoices = services.run_invoices(period, finalize=finalize)
         return Response(
             {
                 "period": f"{period:%Y-%m}",
@@ -272,10 +251,4 @@ class InvoiceFinalizeView(_OperatorView):
         if found is None:
             raise NotFound(f"no invoice {invoice_id}")
         tenant_id, period = found
-        try:
-            invoice = services.finalize_invoice(tenant_id, period)
-        except services.BillingError as exc:
-            return _refused(exc)
-        except rating.RatingError as exc:
-            return _unpriced(exc)
-        return Response(out.invoice_detail_json(invoice))
+        return Response(out.invoice_detail_json(services.finalize_invoice(tenant_id, period)))
