@@ -9,7 +9,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from frontend.relay import LATE_COMMIT_WINDOW_S, SeenIds, listener_joined, listener_left, tenant_group
 from jobs import services as jobs
-from jobs.api.serializers import job_json
+from jobs.contracts import job_json
 from tenants import services as tenants
 
 

@@ -21,10 +21,11 @@ from typing import Any, TypeVar
 
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 from jobs import services
-from jobs.api.serializers import event_json, job_json
+from jobs.contracts import event_json, job_json
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,7 +89,8 @@ def _messages(cursor: int, seen: SeenIds) -> tuple[int, list[tuple[int, dict[str
 
 async def _run() -> None:
     layer = get_channel_layer()
-    assert layer is not None, "CHANNEL_LAYERS is not configured"
+    if layer is None:
+        raise ImproperlyConfigured("CHANNEL_LAYERS is not configured")
     cursor = await _on_db_thread(services.latest_event_id)
     seen = SeenIds(LATE_COMMIT_WINDOW_S)
     while _listeners > 0:

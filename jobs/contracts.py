@@ -1,10 +1,15 @@
-"""What leaves the jobs app: frozen views that the API, the portal and pushes serialize."""
+"""What leaves the jobs app: frozen views, and the JSON that the API, the portal and pushes send of them.
+
+The JSON is plain dicts built from the views (the API is read-through, never a ModelSerializer).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from runtime.scheduling.model import MILLI, NAU
 
 
 @dataclass(frozen=True)
@@ -126,3 +131,146 @@ class ThroughputEntryView:
     source: str  # benchmark, measured or estimated
     samples: int
     updated_at: datetime
+
+
+# --- JSON ---------------------------------------------------------------------------------------
+
+
+def _time(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _quota_charge(job: JobView) -> dict[str, Any] | None:
+    """What the job holds against its tenant's quota: devices per flavor and NAU."""
+    if not job.demand:
+        return None
+    devices = {resource: amount for resource, amount in job.demand.items() if resource != NAU}
+    return {"devices": devices, "nau": round(job.demand.get(NAU, 0) / MILLI, 3), "borrowing": job.borrowing}
+
+
+def job_json(job: JobView) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "name": job.name,
+        "state": job.state,
+        "priority": job.priority,
+        "pending_reason": job.pending_reason,
+        "queue_position": job.queue_position,
+        "quota": _quota_charge(job),
+        "attempt": job.attempt,
+        "preemptions": job.preemptions,
+        "failure_reason": job.failure_reason,
+        "spec": job.spec,
+        "created_at": _time(job.created_at),
+        "admitted_at": _time(job.admitted_at),
+        "started_at": _time(job.started_at),
+        "finished_at": _time(job.finished_at),
+        "progress": {
+            "steps_done": job.steps_done,
+            "total_steps": job.total_steps,
+            "fraction": round(job.progress, 4),
+            "samples_per_s": job.samples_per_s,
+        },
+        "loss": {"first": job.first_loss, "last": job.last_loss, "recent": list(job.recent_losses)},
+        "devices": [
+            {
+                "rank": d.rank,
+                "device_id": d.device_id,
+                "flavor": d.flavor,
+                "node": d.node,
+                "started_at": _time(d.started_at),
+                "ended_at": _time(d.ended_at),
+                "telemetry": job.rank_stats.get(str(d.rank), {}),
+            }
+            for d in job.devices
+        ],
+        "ranks": _ranks(job),
+        "balance": job.balance,
+        "comm": job.comm,
+        "restarts": job.restarts,
+        "recovery": job.recovery,
+        "artifact": job.artifact_path or None,
+    }
+
+
+def _ranks(job: JobView) -> list[dict[str, Any]]:
+    """Per rank of the devices it holds now: its flavor, its samples per step and its own samples/s."""
+    out = []
+    for d in job.devices:
+        if d.ended_at is not None:
+            continue
+        stats = job.rank_stats.get(str(d.rank)) or {}
+        out.append(
+            {
+                "rank": d.rank,
+                "flavor": d.flavor,
+                "micro_batch": stats.get("micro_batch", stats.get("samples")),
+                "samples_per_s": stats.get("samples_per_s"),
+            }
+        )
+    return out
+
+
+def event_json(event: EventView) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "job": event.job_id,
+        "kind": event.kind,
+        "from_state": event.from_state,
+        "to_state": event.to_state,
+        "message": event.message,
+        "data": event.data,
+        "created_at": _time(event.created_at),
+    }
+
+
+def flavor_pool_json(row: FlavorPoolView) -> dict[str, Any]:
+    return {
+        "flavor": row.flavor,
+        "vendor": row.vendor,
+        "kind": row.kind,
+        "model": row.model,
+        "peak_bf16_tflops": row.peak_bf16_tflops,
+        "memory_gib": row.memory_gib,
+        "interconnect": row.interconnect,
+        "devices": {"total": row.devices, "healthy": row.healthy, "allocated": row.allocated},
+        "health": dict(row.by_health),
+    }
+
+
+def quota_json(row: QuotaUsageView) -> dict[str, Any]:
+    return {
+        "resource": row.resource,
+        "unit": row.unit,
+        "nominal": row.nominal,
+        "borrowing_limit": row.borrowing_limit,
+        "lending_limit": row.lending_limit,
+        "in_use": row.in_use,
+        "borrowed": row.borrowed,
+        "cohort": row.cohort,
+        "cohort_can_lend": row.cohort_can_lend,
+    }
+
+
+def queued_job_json(row: QueuedJobView) -> dict[str, Any]:
+    return {
+        "job": row.id,
+        "name": row.name,
+        "priority": row.priority,
+        "position": row.position,
+        "reason": row.reason,
+        "submitted_at": _time(row.submitted_at),
+    }
+
+
+def throughput_entry_json(row: ThroughputEntryView) -> dict[str, Any]:
+    return {
+        "job_class": row.job_class,
+        "flavor": row.flavor,
+        "devices": row.devices,
+        "samples_per_s": round(row.samples_per_s, 3),
+        "per_device_samples_per_s": round(row.per_device_samples_per_s, 3),
+        "source": row.source,
+        "samples": row.samples,
+        "updated_at": _time(row.updated_at),
+    }

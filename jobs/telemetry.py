@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import FieldError
+from controlplane.domain import Invalid
 from runtime.recovery.health import FEATURES
 
 KNOWN_KINDS = frozenset(
@@ -33,8 +33,13 @@ KNOWN_KINDS = frozenset(
 )
 
 
-class InvalidTelemetry(FieldError):
-    """A telemetry batch that cannot be applied."""
+class InvalidTelemetry(Invalid):
+    """A telemetry batch that cannot be applied (HTTP 400, naming the field at fault)."""
+
+    code = "invalid_telemetry"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message, field=field)
 
 
 @dataclass(frozen=True)

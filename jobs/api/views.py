@@ -6,7 +6,6 @@ from decimal import Decimal
 from typing import Any
 
 from rest_framework import status
-from rest_framework.exceptions import NotFound
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -14,9 +13,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import services as billing
-from controlplane.errors import error_response
 from jobs import services
-from jobs.api.serializers import (
+from jobs.contracts import (
     event_json,
     flavor_pool_json,
     job_json,
@@ -24,18 +22,9 @@ from jobs.api.serializers import (
     quota_json,
     throughput_entry_json,
 )
-from jobs.telemetry import InvalidTelemetry, parse_events
-from runtime.jobspec import SpecError, parse_job_spec
-from tenants.api.access import request_tenant_id
-from tenants.permissions import RequireScope
-
-
-def _job_or_404(tenant_id: int, job_id: int) -> Any:
-    try:
-        return services.get_job(tenant_id=tenant_id, job_id=job_id)
-    except services.JobNotFound:
-        # Another tenant's job answers exactly like a missing one, so ids cannot be probed.
-        raise NotFound(f"no job {job_id}") from None
+from jobs.telemetry import parse_events
+from runtime.jobspec import parse_job_spec
+from tenants.permissions import RequireScope, request_tenant_id
 
 
 class JobListView(APIView):
@@ -47,10 +36,7 @@ class JobListView(APIView):
 
     def post(self, request: Request) -> Response:
         tenant_id = request_tenant_id(request)
-        try:
-            spec = parse_job_spec(request.data, known_flavors=services.known_flavors())
-        except SpecError as exc:
-            return error_response(status.HTTP_400_BAD_REQUEST, "invalid_spec", exc.message, field=exc.field)
+        spec = parse_job_spec(request.data, known_flavors=services.known_flavors())
         user_id = request.user.pk if request.user is not None else None
         job = services.submit_job(tenant_id=tenant_id, user_id=user_id, spec=spec)
         return Response(job_json(job), status=status.HTTP_201_CREATED, headers={"Location": f"/api/v1/jobs/{job.id}"})
@@ -60,20 +46,15 @@ class JobDetailView(APIView):
     permission_classes = [RequireScope]
 
     def get(self, request: Request, job_id: int) -> Response:
-        return Response(job_json(_job_or_404(request_tenant_id(request), job_id)))
+        # Another tenant's job answers exactly like a missing one (404), so ids cannot be probed.
+        return Response(job_json(services.get_job(tenant_id=request_tenant_id(request), job_id=job_id)))
 
 
 class JobCancelView(APIView):
     permission_classes = [RequireScope]
 
     def post(self, request: Request, job_id: int) -> Response:
-        tenant_id = request_tenant_id(request)
-        try:
-            job = services.cancel_job(tenant_id=tenant_id, job_id=job_id)
-        except services.JobNotFound:
-            raise NotFound(f"no job {job_id}") from None
-        except services.InvalidTransition as exc:
-            return error_response(status.HTTP_409_CONFLICT, "invalid_transition", str(exc), field="state")
+        job = services.cancel_job(tenant_id=request_tenant_id(request), job_id=job_id)
         return Response(job_json(job))
 
 
@@ -81,11 +62,7 @@ class JobEventsView(APIView):
     permission_classes = [RequireScope]
 
     def get(self, request: Request, job_id: int) -> Response:
-        tenant_id = request_tenant_id(request)
-        try:
-            events = services.list_events(tenant_id=tenant_id, job_id=job_id)
-        except services.JobNotFound:
-            raise NotFound(f"no job {job_id}") from None
+        events = services.list_events(tenant_id=request_tenant_id(request), job_id=job_id)
         return Response({"events": [event_json(e) for e in events]})
 
 
@@ -94,7 +71,7 @@ class JobUsageView(APIView):
 
     def get(self, request: Request, job_id: int) -> Response:
         tenant_id = request_tenant_id(request)
-        _job_or_404(tenant_id, job_id)
+        services.get_job(tenant_id=tenant_id, job_id=job_id)  # 404 unless it is the tenant's
         rows = billing.usage_by_flavor(tenant_id=tenant_id, job_id=job_id)
         costs = billing.usage_cost(tenant_id=tenant_id, job_id=job_id)
         return Response(
@@ -138,15 +115,10 @@ class TelemetryIngestView(APIView):
     def post(self, request: Request, job_id: int) -> Response:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         body = request.data if isinstance(request.data, dict) else {}
-        try:
-            events = parse_events(body.get("events"))
-            applied = services.ingest_telemetry(
-                job_id=job_id, token=token.strip() if scheme == "Bearer" else "", events=events
-            )
-        except InvalidTelemetry as exc:
-            return error_response(status.HTTP_400_BAD_REQUEST, "invalid_telemetry", exc.message, field=exc.field)
-        except services.TelemetryRejected as exc:
-            return error_response(status.HTTP_403_FORBIDDEN, "forbidden", str(exc))
+        events = parse_events(body.get("events"))
+        applied = services.ingest_telemetry(
+            job_id=job_id, token=token.strip() if scheme == "Bearer" else "", events=events
+        )
         return Response({"applied": applied})
 
 
