@@ -71,7 +71,7 @@ def _project_root() -> Path:
     return Path(runtime.__file__).resolve().parent.parent
 
 
-def _relative_speed(profiles: dict[str, dict[str, Any]], flavor: str) -> float:
+def relative_speed(profiles: dict[str, dict[str, Any]], flavor: str) -> float:
     if flavor not in profiles:
         known = ", ".join(sorted(profiles)) or "none"
         raise ValueError(f"flavor {flavor!r} has no local profile (known: {known}); add it to the pool file")
@@ -172,7 +172,7 @@ class LocalBackend:
 
     def provision(self, request: LaunchRequest) -> dict[str, Any]:
         self._validate(request)
-        speeds = {p.rank: _relative_speed(self.profiles, p.flavor) for p in request.placements}
+        speeds = {p.rank: relative_speed(self.profiles, p.flavor) for p in request.placements}
         run_dir = self.runs_dir / request.job_id
         handle = {"backend": self.name, "run_dir": str(run_dir), "job_id": request.job_id}
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -299,7 +299,7 @@ class LocalBackend:
         root = str(_project_root())
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         with open(run_dir / "supervisor.out", "ab") as out, open(run_dir / "supervisor.err", "ab") as err:
-            return subprocess.Popen(
+            return subprocess.Popen(  # noqa: S603 (our interpreter and module, no shell)
                 [self.python, "-m", _SUPERVISOR_MODULE, str(run_dir)],
                 stdin=subprocess.DEVNULL,
                 stdout=out,

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import runtime
 from runtime.backends.base import Phase
-from runtime.backends.local.backend import LocalBackend, _relative_speed
+from runtime.backends.local.backend import LocalBackend, relative_speed
 from runtime.worker.config import WorkerConfig
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def _env() -> dict[str, str]:
 
 
 def _speed(profiles: Mapping[str, Mapping[str, Any]], flavor: str) -> float:
-    return _relative_speed({k: dict(v) for k, v in profiles.items()}, flavor)
+    return relative_speed({k: dict(v) for k, v in profiles.items()}, flavor)
 
 
 def benchmark_flavors(
@@ -84,7 +84,7 @@ def benchmark_flavors(
         for job_class in job_classes or ():
             command += ["--class", job_class]
         try:
-            done = subprocess.run(
+            done = subprocess.run(  # noqa: S603 (our interpreter and module, no shell)
                 command, capture_output=True, text=True, env=_env(), timeout=timeout_s, stdin=subprocess.DEVNULL
             )
         except subprocess.TimeoutExpired:
@@ -137,7 +137,9 @@ def run_emulated_ranks(
                 err = open(folder / f"{config.job_id}.rank{config.rank}.err", "w+b")  # noqa: SIM115 (closed below)
                 command = [python, "-m", _RANK_MODULE, "--config", str(path), "--speed", repr(float(speed))]
                 command += ["--sample-time-ms", repr(sample_time_ms)]
-                proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=_env())
+                proc = subprocess.Popen(  # noqa: S603 (our interpreter and module, no shell)
+                    command, stdout=subprocess.DEVNULL, stderr=err, env=_env()
+                )
                 procs.append((config, telemetry, proc, err))
             deadline = time.monotonic() + timeout_s
             for _, _, proc, _ in procs:
@@ -222,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         hook = make_padding_hook(args.sample_time_ms, SpeedSource(args.speed))
     except ValueError as exc:
-        print(f"local benchmark: {exc}", file=sys.stderr, flush=True)
+        print(f"local benchmark: {exc}", file=sys.stderr, flush=True)  # noqa: T201 (a CLI's error)
         return 2
     result = run_suite(
         quick=args.quick,
@@ -231,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         step_hooks=[hook],
         settings={"emulation": {"relative_speed": args.speed, "sample_time_ms": args.sample_time_ms}},
     )
-    print(json.dumps(result.to_dict()), flush=True)
+    print(json.dumps(result.to_dict()), flush=True)  # noqa: T201 (the answer the parent reads from stdout)
     return 0
 
 
