@@ -155,9 +155,10 @@ def _record_waiting(waiting: Iterable[tuple[int, str]]) -> int:
             chunk = changed[start : start + 1000]
             rows = ", ".join(["(%s, %s)"] * len(chunk))
             # VALUES names its columns column1, column2 on PostgreSQL and SQLite alike; both have
-            # UPDATE ... FROM (SQLite since 3.33).
+            # UPDATE ... FROM (SQLite since 3.33). Only the quoted table name and placeholders are
+            # spliced into the statement; every value goes as a parameter.
             cursor.execute(
-                f"UPDATE {table} SET pending_reason = v.column2 FROM (VALUES {rows}) AS v "
+                f"UPDATE {table} SET pending_reason = v.column2 FROM (VALUES {rows}) AS v "  # noqa: S608
                 f"WHERE {table}.id = v.column1 AND {table}.state = %s",
                 [value for row in chunk for value in row] + [JobState.QUEUED.value],
             )

@@ -207,11 +207,11 @@ def teardown_job(job_id: int) -> None:
     backend = get_backend()
     freed = False
     for run in JobAttempt.objects.filter(job_id=job_id).filter(untorn_attempts()).order_by("number"):
-        assert run.backend_handle is not None  # untorn attempts have one
+        handle = run.backend_handle or {}  # untorn attempts have one
         replaced = run.number != job.attempt
-        if replaced and _still_stopping(run, backend):
+        if replaced and _still_stopping(run, handle, backend):
             continue  # the sweep comes back once it has saved and stopped, or its time is up
-        backend.teardown(run.backend_handle)
+        backend.teardown(handle)
         freed |= bool(
             JobAttempt.objects.filter(pk=run.pk, torn_down_at__isnull=True).update(torn_down_at=timezone.now())
         )
@@ -220,17 +220,16 @@ def teardown_job(job_id: int) -> None:
         dispatch.send(dispatch.ADMIT)
 
 
-def _still_stopping(run: JobAttempt, backend: Backend) -> bool:
+def _still_stopping(run: JobAttempt, handle: dict[str, Any], backend: Backend) -> bool:
     """Whether a run that is being replaced (a preemption) should be left to finish its stop: the
     first call asks it to checkpoint and stop, and it gets ``STOP_BEFORE_TEARDOWN_S`` to do so, so
     that its next attempt resumes from that step rather than an older one. Never blocks."""
-    assert run.backend_handle is not None
-    if backend.observe(run.backend_handle).phase not in (Phase.RUNNING, Phase.PENDING):
+    if backend.observe(handle).phase not in (Phase.RUNNING, Phase.PENDING):
         return False
     now = timezone.now()
     asked = JobAttempt.objects.filter(pk=run.pk, stop_asked_at__isnull=True).update(stop_asked_at=now)
     if asked:
-        backend.request_stop(run.backend_handle, "preempted")
+        backend.request_stop(handle, "preempted")
         return True
     asked_at = JobAttempt.objects.values_list("stop_asked_at", flat=True).get(pk=run.pk)
     return asked_at is not None and (now - asked_at).total_seconds() < STOP_BEFORE_TEARDOWN_S

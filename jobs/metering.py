@@ -81,7 +81,6 @@ def allocated_ms() -> dict[tuple[int, str], int]:
         "job__tenant_id", "device__flavor__name", "started_at", "ended_at"
     )
     for tenant_id, flavor, started_at, ended_at in rows.iterator(chunk_size=5000):
-        assert ended_at is not None  # only closed ones were selected
-        key = (tenant_id, flavor)
-        totals[key] = totals.get(key, 0) + billing.held_ms(started_at, ended_at)
+        if ended_at is not None:  # always: only closed ones were selected
+            totals[(tenant_id, flavor)] = totals.get((tenant_id, flavor), 0) + billing.held_ms(started_at, ended_at)
     return totals
