@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
-from billing.rating import RatingError
+from billing.services import RatingError  # billing.rating's, through the facade (make lint)
 from controlplane.domain import Conflict, DomainError, Forbidden, Invalid, NotFound
 from runtime.jobspec import SpecError
 

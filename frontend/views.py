@@ -7,14 +7,11 @@ from decimal import Decimal
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.utils import timezone
 
-from billing import rating
 from billing import services as billing
 from billing.contracts import BudgetStatus
 from jobs import services as jobs
-from jobs.api.serializers import job_json
-from jobs.contracts import QuotaUsageView
+from jobs.contracts import QuotaUsageView, job_json
 from tenants import services as tenants
 
 
@@ -77,12 +74,12 @@ def billing_page(request: HttpRequest) -> HttpResponse:
     context: dict[str, object] = {"tenant": tenant}
     if tenant is not None:
         context["invoices"] = billing.list_invoices(tenant.id)
-        context["period"] = rating.period_of(rating.epoch_ms(timezone.now()))
+        context["period"] = billing.current_period()
         held = jobs.open_usage([tenant.id])
         try:
             status = billing.budget_status(tenant.id, held)
             flavors = billing.spend_by_flavor(tenant.id, held)
-        except rating.RatingError as exc:
+        except billing.RatingError as exc:
             # A flavor without a price: the invoices still show, with what an operator must fix.
             context["pricing_error"] = str(exc)
             return render(request, "frontend/billing.html", context)

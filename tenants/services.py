@@ -39,7 +39,7 @@ from tenants.contracts import (
 from tenants.models import ApiToken, Cohort, Membership, Quota, Role, Scope, Tenant
 from tenants.quota_rules import QuotaSpec, amount_text
 
-TOKEN_PREFIX = "pc_"
+TOKEN_PREFIX = "pc_"  # noqa: S105 (the public mark at the start of every token, not a secret)
 LAST_USE_RESOLUTION = timedelta(minutes=1)
 
 # What each role may do, and so the most a token of a member in that role may be given.
@@ -419,6 +419,16 @@ def get_tenant(tenant_id: int) -> TenantView:
     if tenant is None:
         raise NotFound(f"no tenant {tenant_id}")
     return _tenant_view(tenant)
+
+
+def tenant_id_for_slug(slug: str) -> int | None:
+    """The id of the tenant with this slug, or None."""
+    return Tenant.objects.filter(slug=slug).values_list("pk", flat=True).first()
+
+
+def tenant_slugs(tenant_ids: Iterable[int]) -> dict[int, str]:
+    """Each existing tenant's slug by id (an id with no tenant is left out)."""
+    return dict(Tenant.objects.filter(pk__in=set(tenant_ids)).values_list("pk", "slug"))
 
 
 def _find_cohort(ref: int | str, field: str = "cohort") -> Cohort:

@@ -500,6 +500,7 @@ def test_run_invoices_prints_one_line_per_invoice(used):
 
 def test_reconcile_usage_balances_allocations_against_the_ledger(tenants, pool):
     from jobs import services as jobs
+    from jobs.metering import end_allocations
     from jobs.models import Allocation, Device, TrainingJob
     from runtime.jobspec import parse_job_spec
 
@@ -514,7 +515,7 @@ def test_reconcile_usage_balances_allocations_against_the_ledger(tenants, pool):
     # Microseconds are truncated per end, exactly as billing counts them.
     ended = timezone.now().replace(microsecond=123_999)
     with transaction.atomic():
-        jobs.end_allocations(job, ended)
+        end_allocations(job, ended)
     held = rating.epoch_ms(ended) - rating.epoch_ms(started)
     assert jobs.allocated_ms() == {(acme.id, "tpu-v4"): 2 * held}
 
