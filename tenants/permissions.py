@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from rest_framework.exceptions import NotAuthenticated, PermissionDenied
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
@@ -42,6 +43,7 @@ __all__ = [
     "effective_scopes",
     "grantable_scopes",
     "request_access",
+    "request_tenant_id",
     "required_scope",
     "scope_required",
 ]
@@ -109,6 +111,16 @@ def request_access(request: Request) -> Access:
         access = NO_ACCESS
     setattr(request, _CACHE_ATTR, access)
     return access
+
+
+def request_tenant_id(request: Request) -> int:
+    """The tenant a request acts for: the token's, or the signed-in user's; 401 or 403 when none."""
+    access = request_access(request)
+    if access.tenant_id is not None:
+        return access.tenant_id
+    if request.user is None or not request.user.is_authenticated:
+        raise NotAuthenticated("send 'Authorization: Bearer <token>' or sign in to the portal")
+    raise PermissionDenied("your account belongs to no tenant; ask an operator to add you")
 
 
 def required_scope(request: Request, view: Any, *, read: str = READ, write: str | None = None) -> str:

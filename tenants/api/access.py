@@ -1,19 +1,11 @@
-"""Which tenant a request acts for: the token's, or the signed-in user's."""
+"""Which tenant a request acts for: the token's, or the signed-in user's.
+
+The helpers live in ``tenants.permissions``, the part of tenants that other apps' API views may import
+(`make lint`); this module only re-exports them for tenants' own API.
+"""
 
 from __future__ import annotations
 
-from rest_framework.exceptions import NotAuthenticated, PermissionDenied
-from rest_framework.request import Request
-
-from tenants.permissions import Access, request_access
+from tenants.permissions import Access, request_access, request_tenant_id
 
 __all__ = ["Access", "request_access", "request_tenant_id"]
-
-
-def request_tenant_id(request: Request) -> int:
-    access = request_access(request)
-    if access.tenant_id is not None:
-        return access.tenant_id
-    if request.user is None or not request.user.is_authenticated:
-        raise NotAuthenticated("send 'Authorization: Bearer <token>' or sign in to the portal")
-    raise PermissionDenied("your account belongs to no tenant; ask an operator to add you")
