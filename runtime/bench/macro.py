@@ -61,7 +61,8 @@ class SmallResNet(nn.Module):
         self.head = nn.Linear(64, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.stages(self.stem(x)).mean(dim=(2, 3)))
+        logits: torch.Tensor = self.head(self.stages(self.stem(x)).mean(dim=(2, 3)))
+        return logits
 
 
 class SmallTransformer(nn.Module):
@@ -75,7 +76,8 @@ class SmallTransformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         seq = tokens.shape[1]
         causal = nn.Transformer.generate_square_subsequent_mask(seq)
-        return self.head(self.encoder(self.embed(tokens), mask=causal, is_causal=True))
+        logits: torch.Tensor = self.head(self.encoder(self.embed(tokens), mask=causal, is_causal=True))
+        return logits
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class Workload:
     def step(self) -> float:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch.Tensor.backward has no annotations
         self.optimizer.step()
         return float(loss.detach())
 

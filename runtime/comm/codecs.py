@@ -170,7 +170,7 @@ class TopKCodec:
         """Dense at step 0, falling geometrically to ``density`` over the warm-up (DGC's schedule)."""
         if step >= self.warmup_steps:
             return self.density
-        return self.density ** (step / self.warmup_steps)
+        return math.pow(self.density, step / self.warmup_steps)
 
     def compress(self, grad: torch.Tensor) -> torch.Tensor:
         """The payload for ``grad`` plus the residual; the residual keeps the rest for later steps.
@@ -276,10 +276,12 @@ class PowerSGDCodec:
     def back_project(self, p_sum: torch.Tensor) -> torch.Tensor:
         """Step 2 of 2: orthonormalize the reduced P; returns this rank's Q = targetᵀ P̂, to be SUM-reduced.
         The residual keeps what the projection onto P̂ lost of this rank's own matrix."""
-        assert self.residual is not None
-        self._p, _ = torch.linalg.qr(p_sum)
-        q_local = (self._p.T @ self.residual).T  # the same as residualᵀ P̂, but a row-major product: 5x faster
-        self.residual.addmm_(self._p, q_local.T, alpha=-1.0)  # target - P̂ P̂ᵀ target, in place
+        if self.residual is None:
+            raise RuntimeError("back_project before project: there is no target to project back")
+        p_hat: torch.Tensor = torch.linalg.qr(p_sum).Q
+        self._p = p_hat
+        q_local = (p_hat.T @ self.residual).T  # the same as residualᵀ P̂, but a row-major product: 5x faster
+        self.residual.addmm_(p_hat, q_local.T, alpha=-1.0)  # target - P̂ P̂ᵀ target, in place
         return q_local
 
     def finish(self, q_sum: torch.Tensor, shape: torch.Size, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -177,7 +177,9 @@ class GradientReducer:
         if plan.overlap:
             for bucket in self.buckets:
                 for p in bucket.params:
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(bucket)))
+                    hook = self._make_hook(bucket)
+                    # torch.Tensor.register_post_accumulate_grad_hook has no annotations.
+                    self._hooks.append(p.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
 
     # -- the step ----------------------------------------------------------------------------------
 
@@ -216,7 +218,8 @@ class GradientReducer:
             bucket.ready.set()
         if self.plan.overlap:
             self._done.wait()
-            assert self._thread is not None
+            if self._thread is None:
+                raise RuntimeError("finish() before begin_step(): no exchange thread to wait for")
             self._thread.join()
         else:
             self._reduce_all()
@@ -279,7 +282,8 @@ class GradientReducer:
         if compression in _CAST:
             return ring_allreduce(self.transport, members, flat, _CAST[compression])
         if compression == "topk":
-            assert bucket.codec is not None
+            if bucket.codec is None:
+                raise RuntimeError("a topk plan with a bucket that has no codec")
             payload = bucket.codec.compress(flat)
             if bucket.sums.numel() != bucket.numel:
                 bucket.sums = torch.zeros(bucket.numel)

@@ -274,7 +274,7 @@ def _on_cuda(tree: Any) -> bool:
 
 
 def _log(message: str) -> None:
-    print(f"polychip checkpoint: {message}", file=sys.stderr, flush=True)
+    print(f"polychip checkpoint: {message}", file=sys.stderr, flush=True)  # noqa: T201 (stderr is this process's log, which the supervisor shows)
 
 
 class Checkpointer:
@@ -364,7 +364,7 @@ class Checkpointer:
             started=started,
         )
         if _on_cuda(snapshot.model_state) or _on_cuda(snapshot.optimizer_state):
-            snapshot.cloned = torch.cuda.Event()
+            snapshot.cloned = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch: no annotations
             snapshot.cloned.record()
         if not self.background:
             record = self._write(snapshot)
@@ -608,8 +608,8 @@ def find_restore(store: CheckpointStore, mode: str = "newest_weights") -> Restor
             )
     else:
         optimizer = scan.newest("full")
-        weights = optimizer
         if optimizer is not None:
+            weights = optimizer
             note = f"step {optimizer.step}, the newest checkpoint with optimizer state"
         else:
             weights = scan.newest(None)
@@ -618,7 +618,6 @@ def find_restore(store: CheckpointStore, mode: str = "newest_weights") -> Restor
             note = (
                 f"no valid checkpoint has optimizer state: weights of step {weights.step}, the optimizer starts fresh"
             )
-    assert weights is not None
     chosen = min(weights.step, optimizer.step) if optimizer is not None else weights.step
     skipped = scan.skipped_newer_than(chosen)
     if skipped:

@@ -156,7 +156,8 @@ class _Network(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         output, _ = self.lstm(x)
-        return self.head(output[:, -1]).squeeze(-1)
+        last: torch.Tensor = self.head(output[:, -1])
+        return last.squeeze(-1)
 
 
 def _seeded_network(hidden: int, layers: int, seed: int) -> _Network:
@@ -175,7 +176,7 @@ def split_for_validation(
     threshold.
     """
     order = list(range(len(histories)))
-    random.Random(f"{seed}:validation").shuffle(order)
+    random.Random(f"{seed}:validation").shuffle(order)  # noqa: S311 (a seeded, repeatable split; no secret)
     cut = round(len(order) * validation_share)
     held = set(order[:cut])
     return [h for i, h in enumerate(histories) if i not in held], [h for i, h in enumerate(histories) if i in held]
@@ -336,7 +337,9 @@ class ThresholdBaseline:
         self.scale_floor = x[:, :REFERENCE_MIN].std(dim=1).median(dim=0).values.clamp_min(1e-6)
         deviation = self._deviation(x, self.scale_floor)
         quantiles = torch.linspace(0.5, 0.9995, 60)
-        candidates = [torch.quantile(deviation[:, f], quantiles).unique() for f in range(len(FEATURES))]
+        candidates: list[torch.Tensor] = [
+            torch.unique(torch.quantile(deviation[:, f], quantiles)) for f in range(len(FEATURES))
+        ]
         thresholds = torch.full((len(FEATURES),), math.inf)
         best_f1 = 0.0
         for _ in range(rounds):
@@ -587,9 +590,11 @@ if __name__ == "__main__":
     arguments = parser.parse_args()
     torch.set_num_threads(arguments.threads)
     outcome = train_and_evaluate(seed=arguments.seed, quick=arguments.quick)
-    print(summary(outcome))
+    # T201: `python -m runtime.recovery.predict` is a command: its figures are its output.
+    print(summary(outcome))  # noqa: T201
     if arguments.json:
-        print(json.dumps({k: asdict(v) if isinstance(v, Evaluation | EventView) else v for k, v in outcome.items()}))
+        figures = {k: asdict(v) if isinstance(v, Evaluation | EventView) else v for k, v in outcome.items()}
+        print(json.dumps(figures))  # noqa: T201
 
 
 @dataclass(frozen=True)

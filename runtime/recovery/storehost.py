@@ -58,9 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.host, args.port, world_size=None, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
         )
     except Exception as exc:
-        print(f"storehost: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr, flush=True)
+        print(f"storehost: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr, flush=True)  # noqa: T201
         return 1
-    print(f"ready {args.host} {args.port}", flush=True)
+    # T201: a process's output: the error above for its log, this line for whoever waits on it to listen.
+    print(f"ready {args.host} {args.port}", flush=True)  # noqa: T201
     while not stop.wait(timeout=1.0):
         pass
     del store

@@ -308,7 +308,8 @@ class _Cycle:
         rates = self._rates(job, flavors)
         ledger = self.ledger
         now = self._rooms(tenant_id, NOW, None)
-        assert now is not None
+        if now is None:
+            raise RuntimeError("_rooms gave no room for NOW, which always has one")
         rooms, nau_room, free = now.vectors(flavors)
         assignment = assign_flavors(job.devices, flavors, rates, free, rooms, nau_room)
         victims: list[AdmittedJob] = []
@@ -516,7 +517,8 @@ class _Cycle:
                 ledger.remove(victim.tenant_id, victim.demand)
                 _accumulate(extra, _flavor_counts(victim.devices, self.pool))
         assignment = fits()
-        assert assignment is not None
+        if assignment is None:  # not reached: every pass of the loop above leaves a state in which the job fits
+            raise RuntimeError(f"job {job.job_id}: no assignment with the victims chosen to make it fit")
         return victims, assignment
 
     def _reason(

@@ -283,14 +283,14 @@ class _Placer:
     def __init__(
         self,
         cluster: Cluster,
+        fabric: Fabric,
         rates: JobRates,
         device_choice: DeviceChoice,
         comm_fraction: float,
         link: LinkModel | None,
         seed: int,
     ) -> None:
-        assert cluster.fabric is not None
-        self.fabric = cluster.fabric
+        self.fabric = fabric
         self.rates = rates
         self.comm_fraction = comm_fraction
         self.link = link or LinkModel()
@@ -361,7 +361,7 @@ def run_rounds(
     rates = JobRates(table, cluster, balance_efficiency)
     placer = None
     if cluster.fabric is not None:
-        placer = _Placer(cluster, rates, device_choice, comm_fraction, link, seed)
+        placer = _Placer(cluster, cluster.fabric, rates, device_choice, comm_fraction, link, seed)
     weights = dict(tenant_weights or {})
     capacity = {f: n for f, n in cluster.devices.items() if n > 0}
     result = RoundResult(policy=policy.name)

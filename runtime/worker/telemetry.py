@@ -131,19 +131,20 @@ class Telemetry:
             self._thread = None
         events = self._take_queue()
         self._write_file(events)
-        if self._url:
+        url = self._url
+        if url:
             self._unsent.extend(events)
         failures = 0
-        while self._unsent and self._url and failures < CLOSE_ATTEMPTS:
+        while self._unsent and url and failures < CLOSE_ATTEMPTS:
             left = deadline - time.monotonic()
             if left <= 0.05:
                 break
             self._attempts = 0  # at exit, the close budget and CLOSE_ATTEMPTS bound the retries
-            if not self._send_batch(timeout_s=min(POST_TIMEOUT_S, left)):
+            if not self._send_batch(url, timeout_s=min(POST_TIMEOUT_S, left)):
                 failures += 1
                 if failures < CLOSE_ATTEMPTS:
                     time.sleep(min(0.2 * failures, max(0.0, deadline - time.monotonic())))
-        if self._unsent and self._url:
+        if self._unsent and url:
             self.dropped += len(self._unsent)
             self._warn("close", f"telemetry: {len(self._unsent)} events not delivered at exit")
             self._unsent.clear()
@@ -170,7 +171,8 @@ class Telemetry:
         """Write queued events to the file and make one HTTP attempt (if one is due)."""
         events = self._take_queue()
         self._write_file(events)
-        if not self._url:
+        url = self._url
+        if not url:
             return
         self._unsent.extend(events)
         overflow = len(self._unsent) - MAX_UNSENT
@@ -180,7 +182,7 @@ class Telemetry:
             self.dropped += overflow
             self._warn("overflow", f"telemetry: ingest unreachable, dropping oldest events ({overflow})")
         if self._unsent and self._monotonic() >= self._next_attempt_at:
-            self._send_batch(timeout_s=POST_TIMEOUT_S)
+            self._send_batch(url, timeout_s=POST_TIMEOUT_S)
 
     def _pulse_loop(self) -> None:
         # Its own thread, doing nothing but this: the flush thread can block in a POST for seconds
@@ -232,14 +234,13 @@ class Telemetry:
         except OSError as exc:
             self._warn("file", f"telemetry: cannot append to {self._file}: {exc}")
 
-    def _send_batch(self, timeout_s: float) -> bool:
-        """Try to deliver the head of the unsent queue once; True when it was delivered."""
-        assert self._url is not None
+    def _send_batch(self, url: str, timeout_s: float) -> bool:
+        """Try to deliver the head of the unsent queue to ``url`` once; True when it was delivered."""
         if self._post is None:
             self._post = _requests_post()
         batch = [self._unsent[i] for i in range(min(MAX_BATCH, len(self._unsent)))]
         try:
-            status = self._post(self._url, {"events": batch}, self._headers, timeout_s)
+            status = self._post(url, {"events": batch}, self._headers, timeout_s)
             error = "" if 200 <= status < 300 else f"HTTP {status}"
             retriable = _retriable(status)
         except Exception as exc:  # transport errors: refused, timed out, DNS
@@ -268,4 +269,4 @@ class Telemetry:
         # Once per kind of problem: stderr is what the supervisor shows when a rank fails.
         if key not in self._warned:
             self._warned.add(key)
-            print(message, file=sys.stderr, flush=True)
+            print(message, file=sys.stderr, flush=True)  # noqa: T201 (stderr is this process's log, which the supervisor shows)

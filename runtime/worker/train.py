@@ -262,7 +262,7 @@ def _train(
             if i == last_chunk:
                 exchange.reducer.arm()  # this backward pass finishes the gradients: buckets may go
             chunk_loss = F.cross_entropy(model(inputs[lo:hi]), labels[lo:hi], reduction="sum")
-            (chunk_loss * scale).backward()
+            (chunk_loss * scale).backward()  # type: ignore[no-untyped-call]  # torch: no annotations
             loss_sum += chunk_loss.detach()
         samples = sum(hi - lo for lo, hi in slices)
         compute_time = time.monotonic() - step_started

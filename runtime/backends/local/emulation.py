@@ -85,7 +85,7 @@ class SpeedSource:
     def _warn(self, message: str) -> None:
         if not self._warned:
             self._warned = True
-            print(f"local backend: {message}", file=sys.stderr, flush=True)
+            print(f"local backend: {message}", file=sys.stderr, flush=True)  # noqa: T201 (stderr is this process's log, which the supervisor shows)
 
 
 def make_padding_hook(

@@ -219,7 +219,7 @@ def tbf_args(gbit: float) -> list[str]:
 
 def _run(argv: Sequence[str]) -> None:
     try:
-        done = subprocess.run(
+        done = subprocess.run(  # noqa: S603 (an `ip`/`tc` argv built in this module, no shell)
             list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=_CMD_TIMEOUT_S
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -233,7 +233,7 @@ def _quiet(argv: Sequence[str]) -> None:
     """For removal: errors are ignored, and the command runs in a session of its own, so that a
     teardown's SIGTERM to the supervisor's process group cannot stop a removal half-way."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(
+        subprocess.run(  # noqa: S603 (an `ip`/`tc` argv built in this module, no shell)
             list(argv),
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -246,8 +246,8 @@ def subnets_in_use() -> list[str]:
     """The IPv4 networks this host's root namespace has addresses or routes in (best effort)."""
     found: list[str] = []
     for argv in (["ip", "-4", "-o", "addr", "show"], ["ip", "-4", "route", "show", "table", "all"]):
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=_CMD_TIMEOUT_S).stdout
+        try:  # S603: the fixed argv above, no shell
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=_CMD_TIMEOUT_S).stdout  # noqa: S603
         except (OSError, subprocess.SubprocessError):
             continue
         for token in out.split():
@@ -382,7 +382,7 @@ class Fabric:
             self._remove()
             self.marker.unlink(missing_ok=True)
         except Exception as exc:  # a cleanup that raises would hide why the job ended
-            print(f"netem: could not remove fabric {self.plan.name}: {exc!r}", file=sys.stderr)
+            print(f"netem: could not remove fabric {self.plan.name}: {exc!r}", file=sys.stderr)  # noqa: T201 (our log)
 
     def wrap(self, argv: Sequence[str], group: int) -> list[str]:
         """``argv`` run inside ``group``'s namespace."""
@@ -393,8 +393,9 @@ def tx_bytes(plan: FabricPlan, group: int) -> int:
     """Bytes sent so far by ``group``'s interface (what crossed its shaper)."""
     path = f"/sys/class/net/{plan.ifname}/statistics/tx_bytes"
     try:
-        done = subprocess.run(
-            ["ip", "netns", "exec", plan.namespace(group), "cat", path],
+        # `ip` from PATH, as everywhere in this module: iproute2 sits in /sbin or /usr/sbin by distribution.
+        done = subprocess.run(  # noqa: S603 (a fixed argv, no shell)
+            ["ip", "netns", "exec", plan.namespace(group), "cat", path],  # noqa: S607
             capture_output=True,
             text=True,
             timeout=_CMD_TIMEOUT_S,

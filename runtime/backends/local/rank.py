@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else None
         )
     except ValueError as exc:
-        print(f"local rank launcher: {exc}", file=sys.stderr, flush=True)
+        print(f"local rank launcher: {exc}", file=sys.stderr, flush=True)  # noqa: T201 (a CLI's error)
         return 2
     return run_config_file(args.config, [hook], probe)
 

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 from urllib.parse import urlsplit
 
 from runtime.backends.local import netem
@@ -149,13 +150,14 @@ class Supervisor:
     def load(self) -> str | None:
         """Read launch.json; returns an error message when it is unusable."""
         launch = read_json(self.run_dir / LAUNCH_FILE)
-        if not isinstance(launch, dict) or not isinstance(launch.get("ranks"), list) or not launch["ranks"]:
+        entries = launch.get("ranks") if isinstance(launch, dict) else None
+        if not isinstance(launch, dict) or not isinstance(entries, list) or not entries:
             return f"{self.run_dir / LAUNCH_FILE} is missing or not a launch description"
         self.job_id = str(launch.get("job_id", ""))
         self.grace_s = float(launch.get("grace_s", DEFAULT_GRACE_S))
         python = str(launch.get("python") or sys.executable)
         try:
-            for entry in launch["ranks"]:
+            for entry in entries:
                 argv = [
                     python,
                     "-m",
@@ -191,10 +193,10 @@ class Supervisor:
             return f"{self.run_dir / LAUNCH_FILE}: bad entry ({exc!r})"
         link = launch.get("link")
         if isinstance(link, dict) and link.get("mode") == "netns":
-            return self._load_fabric(launch)
+            return self._load_fabric(launch, entries)
         return None
 
-    def _load_fabric(self, launch: dict[str, object]) -> str | None:
+    def _load_fabric(self, launch: dict[str, object], entries: list[Any]) -> str | None:
         try:
             self.fabric_plan = netem.FabricPlan.from_json(launch.get("fabric"))
             groups = launch["vendor_groups"]
@@ -205,8 +207,6 @@ class Supervisor:
             return f"{self.run_dir / LAUNCH_FILE}: link mode netns without a usable fabric plan ({exc})"
         if any(not 0 <= g < len(self.fabric_plan.groups) for g in self.rank_groups.values()):
             return f"{self.run_dir / LAUNCH_FILE}: vendor_groups name a group the fabric plan lacks"
-        entries = launch["ranks"]
-        assert isinstance(entries, list)
         for entry in entries:
             config = read_json(Path(str(entry["config"])))
             url = config.get("telemetry_url") if isinstance(config, dict) else None
@@ -304,7 +304,8 @@ class Supervisor:
         """A child in the run dir, its output appended to files, that dies when this supervisor does."""
         me = os.getpid()
         with open(stdout, "ab") as out, open(stderr, "ab") as err:
-            return subprocess.Popen(
+            # argv: the rank launcher that this backend wrote into launch.json (maybe inside `ip netns exec`).
+            return subprocess.Popen(  # noqa: S603 (our own launcher, no shell)
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -314,14 +315,14 @@ class Supervisor:
                 preexec_fn=lambda: die_with_parent(me),
             )
 
-    def _alive(self) -> list[_Rank]:
-        return [r for r in self.ranks if r.proc is not None and r.exit_code is None]
+    def _alive(self) -> list[tuple[_Rank, subprocess.Popen[bytes]]]:
+        """Each rank that was started and has not exited, with its process."""
+        return [(r, r.proc) for r in self.ranks if r.proc is not None and r.exit_code is None]
 
     def _begin_termination(self) -> float:
-        for r in self._alive():
+        for r, proc in self._alive():
             r.terminated_by_us = True
-            assert r.proc is not None
-            signal_pid(r.proc.pid, signal.SIGTERM)
+            signal_pid(proc.pid, signal.SIGTERM)
         return time.monotonic() + self.grace_s
 
     def _culprit(self) -> _Rank | None:
@@ -349,9 +350,10 @@ class Supervisor:
             return ""
         if culprit.cause == "heartbeat":
             reason = f"rank {culprit.rank} sent no heartbeat for {self.heartbeat_timeout_s:g} s and was killed"
-        else:
-            assert culprit.exit_code is not None
+        elif culprit.exit_code is not None:
             reason = f"rank {culprit.rank} {_describe_exit(culprit.exit_code)}"
+        else:  # not reached: a culprit either stopped its heartbeats or exited
+            reason = f"rank {culprit.rank} failed"
         stderr_tail = tail(culprit.stderr)
         if not stderr_tail:
             return reason
@@ -365,9 +367,8 @@ class Supervisor:
         self.write_status("running")
         while True:
             changed = False
-            for r in self._alive():
-                assert r.proc is not None
-                code = r.proc.poll()
+            for r, proc in self._alive():
+                code = proc.poll()
                 if code is not None:
                     r.exit_code, r.exited_at, changed = code, time.time(), True
                     if code not in (0, EXIT_STOPPED) and r.cause is None:
@@ -375,7 +376,7 @@ class Supervisor:
                     failed = failed or code not in (0, EXIT_STOPPED)
                 elif kill_at is None and self._heartbeat_lost(r):
                     r.cause, r.detected_at, changed, failed = "heartbeat", time.time(), True, True
-                    signal_pid(r.proc.pid, signal.SIGKILL)
+                    signal_pid(proc.pid, signal.SIGKILL)
             if self.stop_reason is None and (self.run_dir / STOP_FILE).exists():
                 self.stop_reason = "torn down"
             if self.stop_reason is None and (died := self._store_host_died()) is not None:
@@ -383,9 +384,8 @@ class Supervisor:
             if kill_at is None and (failed or self.stop_reason is not None):
                 kill_at = self._begin_termination()
             if kill_at is not None and time.monotonic() >= kill_at:
-                for r in self._alive():
-                    assert r.proc is not None
-                    signal_pid(r.proc.pid, signal.SIGKILL)
+                for _, proc in self._alive():
+                    signal_pid(proc.pid, signal.SIGKILL)
             if not self._alive():
                 break
             if changed:
@@ -453,10 +453,9 @@ class Supervisor:
             try:
                 self.spawn(env)
             except OSError as exc:
-                for r in self._alive():
-                    assert r.proc is not None
-                    signal_pid(r.proc.pid, signal.SIGKILL)
-                    r.exit_code = r.proc.wait()
+                for r, proc in self._alive():
+                    signal_pid(proc.pid, signal.SIGKILL)
+                    r.exit_code = proc.wait()
                 self.teardown_link()
                 self.write_status("failed", f"could not start the rank processes: {exc}")
                 return 1
