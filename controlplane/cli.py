@@ -65,7 +65,8 @@ def _running(name: str) -> int | None:
 
 
 def _manage(*args: str) -> None:
-    subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)
+    # S603: our interpreter and manage.py with this CLI's own arguments, no shell.
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)  # noqa: S603
 
 
 def _spawn(name: str, argv: Sequence[str], env: dict[str, str]) -> int:
@@ -78,7 +79,7 @@ def _spawn(name: str, argv: Sequence[str], env: dict[str, str]) -> int:
     with open(log_dir / f"{name}.log", "ab") as log:
         # A session of its own, so that ``down`` can stop the whole tree and a Ctrl-C in the
         # terminal that ran ``up`` does not.
-        process = subprocess.Popen(
+        process = subprocess.Popen(  # noqa: S603 (the server commands this module builds, no shell)
             list(argv),
             cwd=ROOT,
             env=env,

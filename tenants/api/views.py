@@ -13,6 +13,7 @@ from typing import Any
 
 from django.utils import timezone
 from rest_framework import status
+from rest_framework.exceptions import NotAuthenticated
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -22,7 +23,7 @@ from tenants import services
 from tenants.api import parsing
 from tenants.contracts import CohortView, QuotaView, TenantView, TokenView
 from tenants.models import ApiToken
-from tenants.permissions import MANAGE, IsOperator, request_access, scope_required
+from tenants.permissions import MANAGE, IsOperator, request_access, request_tenant_id, scope_required
 from tenants.quota_rules import amount_text
 
 
@@ -92,16 +93,16 @@ class TokenListView(_JsonView):
     permission_classes = [scope_required(MANAGE, read=MANAGE)]
 
     def get(self, request: Request) -> Response:
-        tenant_id = _tenant_id(request)
+        tenant_id = request_tenant_id(request)
         return Response({"tokens": [token_json(t) for t in services.list_tokens(tenant_id=tenant_id)]})
 
     def post(self, request: Request) -> Response:
         access = request_access(request)
-        tenant_id = _tenant_id(request)
+        tenant_id = request_tenant_id(request)
         wanted = parsing.token_request(request.data, now=timezone.now())
-        assert request.user is not None  # RequireScope let it through: it is signed in
-        user_id = request.user.pk
-        assert user_id is not None
+        user_id = request.user.pk if request.user is not None else None
+        if user_id is None:  # not reached: RequireScope let the request through, so it is signed in
+            raise NotAuthenticated("send 'Authorization: Bearer <token>' or sign in to the portal")
         new = services.create_token(
             tenant_id=tenant_id,
             user_id=user_id,
@@ -122,14 +123,8 @@ class TokenRevokeView(_JsonView):
     permission_classes = [scope_required(MANAGE, read=MANAGE)]
 
     def post(self, request: Request, token_id: int) -> Response:
-        token = services.revoke_token(tenant_id=_tenant_id(request), token_id=token_id)
+        token = services.revoke_token(tenant_id=request_tenant_id(request), token_id=token_id)
         return Response(token_json(token))
-
-
-def _tenant_id(request: Request) -> int:
-    tenant_id = request_access(request).tenant_id
-    assert tenant_id is not None  # RequireScope let the request through, so it has a tenant
-    return tenant_id
 
 
 # --- operators ---------------------------------------------------------------------------------
