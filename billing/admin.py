@@ -3,10 +3,10 @@ alerts are read here, since they are written by the metering path and by invoice
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
 from billing import rating, services
@@ -22,8 +22,10 @@ from billing.models import (
     UsageRecord,
 )
 
+_M = TypeVar("_M", bound=Model)
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+
+class ReadOnlyAdmin(admin.ModelAdmin[_M]):
     """Rows only the system writes: listed and viewed, never added, changed or deleted by hand."""
 
     # Counting a million-row ledger on every page load is slow and tells an operator nothing.
@@ -42,7 +44,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 # --- prices and accounts ---------------------------------------------------------------------------
 
 
-class PriceInline(admin.TabularInline):
+class PriceInline(admin.TabularInline[Price, PriceBook]):
     model = Price
     extra = 1
     fields = ("resource", "per_hour", "effective_from")
@@ -50,14 +52,14 @@ class PriceInline(admin.TabularInline):
 
 
 @admin.register(PriceBook)
-class PriceBookAdmin(admin.ModelAdmin):
+class PriceBookAdmin(admin.ModelAdmin[PriceBook]):
     list_display = ("name", "currency", "is_default", "description", "created_at")
     search_fields = ("name",)
     inlines = [PriceInline]
 
 
 @admin.register(BillingAccount)
-class BillingAccountAdmin(admin.ModelAdmin):
+class BillingAccountAdmin(admin.ModelAdmin[BillingAccount]):
     list_display = ("tenant", "price_book", "soft_budget", "hard_budget", "updated_at")
     list_select_related = ("tenant", "price_book")
     search_fields = ("tenant__slug",)
@@ -71,7 +73,7 @@ class BillingAccountAdmin(admin.ModelAdmin):
 # --- invoices --------------------------------------------------------------------------------------
 
 
-class InvoiceLineInline(admin.TabularInline):
+class InvoiceLineInline(admin.TabularInline[InvoiceLine, Invoice]):
     model = InvoiceLine
     fields = ("position", "kind", "job_id", "flavor", "usage_period", "unit", "unit_price", "quantity_ms", "amount")
     readonly_fields = fields
@@ -90,7 +92,7 @@ def _periods(queryset: QuerySet[Invoice]) -> list[tuple[int, Any, str, str]]:
 
 
 @admin.action(permissions=["bill"], description="Draft invoice again (from the ledger as it stands)")
-def draft_again(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Invoice]) -> None:
+def draft_again(admin_: admin.ModelAdmin[Invoice], request: HttpRequest, queryset: QuerySet[Invoice]) -> None:
     drafted, skipped = 0, 0
     services.relay_usage()  # so that usage ingested so far is on the drafts
     for tenant_id, period, status, _ in _periods(queryset):
@@ -104,7 +106,7 @@ def draft_again(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QueryS
 
 
 @admin.action(permissions=["bill"], description="Finalize: bill the period and freeze the invoice")
-def finalize(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Invoice]) -> None:
+def finalize(admin_: admin.ModelAdmin[Invoice], request: HttpRequest, queryset: QuerySet[Invoice]) -> None:
     # Oldest period first: a tenant's periods must be finalized in order.
     done = 0
     services.relay_usage()
@@ -121,7 +123,7 @@ def finalize(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[
 
 
 @admin.register(Invoice)
-class InvoiceAdmin(ReadOnlyAdmin):
+class InvoiceAdmin(ReadOnlyAdmin[Invoice]):
     list_display = ("number", "tenant", "period", "status", "currency", "total", "lines", "finalized_at")
     list_filter = ("status", "period")
     list_select_related = ("tenant",)
@@ -167,7 +169,7 @@ class InvoiceAdmin(ReadOnlyAdmin):
 
 
 @admin.register(UsageRecord)
-class UsageRecordAdmin(ReadOnlyAdmin):
+class UsageRecordAdmin(ReadOnlyAdmin[UsageRecord]):
     list_display = ("key", "tenant", "job_id", "flavor", "device_id", "duration_ms", "started_at", "ended_at")
     list_filter = ("flavor", "tenant")
     list_select_related = ("tenant",)
@@ -176,7 +178,7 @@ class UsageRecordAdmin(ReadOnlyAdmin):
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(ReadOnlyAdmin):
+class LedgerEntryAdmin(ReadOnlyAdmin[LedgerEntry]):
     list_display = ("key", "tenant", "job_id", "flavor", "period", "duration_ms", "nau_milli", "invoice")
     list_filter = ("period", "flavor", "tenant")
     list_select_related = ("tenant", "invoice__tenant")
@@ -185,7 +187,7 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
 
 
 @admin.register(BudgetAlert)
-class BudgetAlertAdmin(ReadOnlyAdmin):
+class BudgetAlertAdmin(ReadOnlyAdmin[BudgetAlert]):
     list_display = ("tenant", "period", "level", "spend", "budget", "created_at")
     list_filter = ("level", "period")
     list_select_related = ("tenant",)

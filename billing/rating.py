@@ -17,10 +17,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import MAX_PREC, Context, Decimal
+from typing import Final
 
 MS_PER_HOUR = 3_600_000
 MILLI_NAU = 1000  # a usage's NAU rate is in thousandths of a NAU per device
-PRICE_DECIMALS = 12
+PRICE_DECIMALS: Final = 12  # Final: a literal, so that 10**PRICE_DECIMALS is typed int, not Any
 PRICE_SCALE = 10**PRICE_DECIMALS
 CENTS = 100
 NAU = "nau"  # the price book resource that prices normalized accelerator units

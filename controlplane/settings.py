@@ -13,6 +13,11 @@ import time
 from pathlib import Path
 
 import dj_database_url
+import django_stubs_ext
+
+# Django's generic classes take type arguments at runtime as they do for the type checker:
+# ``class InvoiceAdmin(admin.ModelAdmin[Invoice])`` (django-stubs' documented way).
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("POLYCHIP_VAR_DIR", BASE_DIR / "var")).resolve()
