@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 RETRY = {"autoretry_for": TRANSIENT_ERRORS, **RETRY_POLICY}
 
 
-@shared_task(name="jobs.tasks.admit_queued_jobs", ignore_result=True, **RETRY)
+# Beat asks for a cycle every sweep (and its requests expire): the next one is its retry.
+@shared_task(name="jobs.tasks.admit_queued_jobs", ignore_result=True)
 def admit_queued_jobs() -> list[int]:
     return services.admit_queued_jobs()
 
