@@ -166,6 +166,11 @@ def provision_job(job_id: int) -> bool:
             # A provisioner that took over our stale claim already moved it to running: the backend
             # returned that same launch to both of us, so there is nothing to undo.
             return False
+        elif running is None:
+            # The attempt holds another launch than ours (a backend whose launches are not idempotent
+            # per run): ours has no row to wait on, so it goes now.
+            log.warning("job %s: a second launch of attempt %s is torn down at once", job_id, number)
+            backend.teardown(handle)
     if running is None:
         teardown_job(job_id)
     return running is not None
