@@ -8,7 +8,9 @@ what it did.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +21,8 @@ from typing import Any
 
 import pytest
 import requests
+
+from tests.processes import processes_mentioning
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,6 +63,11 @@ def stack(django_db_setup: Any, django_db_blocker: Any, stack_var: Path) -> Iter
         yield url
     finally:
         subprocess.run([*cli, "down"], env=env, cwd=ROOT, timeout=60)
+        # Jobs that a test left running (a 100,000-step job whose test ended at its first restart)
+        # would train on, detached, through the rest of the suite and slow every later test.
+        for pid in processes_mentioning(str(stack_var / "runs")):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         logs = Path(env["POLYCHIP_VAR_DIR"]) / "log"
         for log in sorted(logs.glob("*.log")):
             tail = log.read_text(errors="replace")[-3000:]
