@@ -66,10 +66,12 @@ test-e2e: install services ## The portal in a real browser (Chromium)
 test-security: install services ## The route matrix alone: every route against every role (PostgreSQL)
 	$(TEST_ENV) $(BIN)/pytest tests/security $(PYTEST_ARGS)
 
-lint: install ## ruff (lint and format check) and mypy
+lint: install ## ruff, mypy, import boundaries (import-linter) and no missing migration (needs no server)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy .
+	$(BIN)/lint-imports --no-logo
+	env -u DATABASE_URL $(BIN)/python manage.py makemigrations --check --dry-run
 
 fmt: install ## Format and fix what ruff can
 	$(BIN)/ruff format .

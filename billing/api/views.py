@@ -4,8 +4,7 @@ Each handler checks its parameters, calls ``billing.services``, and writes the a
 cannot use is a ``BadParameter`` ("field: message", like DRF's own). Handlers catch nothing else: the
 services' refusals (``BillingInvalid`` 400, ``InvoiceNotFound`` 404, ``BillingConflict`` 409,
 ``RatingError`` 409 ``unpriced``) reach ``controlplane.errors``, which answers them in the project's
-error shape naming the field to fix. The budget endpoint lives in ``jobs.api``:
-a budget's spend counts the devices jobs hold now, and billing may not import jobs.
+error shape naming the field to fix. The budget endpoint is ``billing.api.budget``.
 """
 
 from __future__ import annotations
@@ -31,8 +30,7 @@ from rest_framework.views import APIView
 from billing import services
 from billing.api import serializers as out
 from billing.models import Invoice, LedgerEntry
-from tenants.api.access import request_tenant_id
-from tenants.permissions import IsOperator, RequireScope
+from tenants.permissions import IsOperator, RequireScope, request_tenant_id
 
 FORMATS = ("json", "csv")
 PAGE_DEFAULT = 1000

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from billing import rating, services
 from billing.api.serializers import money
 from billing.contracts import InvoiceView
-from tenants.models import Tenant
+from tenants import services as tenants
 
 
 class Command(BaseCommand):
@@ -43,7 +43,7 @@ class Command(BaseCommand):
 
     @staticmethod
     def _tenant_id(slug: str) -> int:
-        tenant_id = Tenant.objects.filter(slug=slug).values_list("pk", flat=True).first()
+        tenant_id = tenants.tenant_id_for_slug(slug)
         if tenant_id is None:
             raise CommandError(f"no tenant {slug!r}: give a tenant's slug (manage.py shell lists them)")
         return tenant_id
