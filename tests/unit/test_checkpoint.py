@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -301,16 +302,41 @@ def test_the_snapshot_is_taken_before_save_returns(tmp_path: Path):
     assert_same_tree(expected_momentum, [s["momentum_buffer"] for s in restored.optimizer_state["state"].values()])
 
 
-def test_a_save_waits_for_the_one_in_flight(tmp_path: Path):
+class SteppedPerfCounter:
+    """The checkpoint module's ``time`` for a test: ``perf_counter`` moves only when the test moves it,
+    and says when a given thread first read it. A stall is then measured on the test's own steps, not
+    on how soon a busy machine schedules a thread."""
+
+    def __init__(self, watch: str) -> None:
+        self.now = 100.0
+        self.watch = watch
+        self.read_by_watched = threading.Event()
+
+    def perf_counter(self) -> float:
+        if threading.current_thread().name == self.watch:
+            self.read_by_watched.set()
+        return self.now
+
+    def time(self) -> float:
+        return time.time()
+
+
+def test_a_save_waits_for_the_one_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import runtime.recovery.checkpoint as checkpoint_module
+
+    clock = SteppedPerfCounter(watch="second-save")
+    monkeypatch.setattr(checkpoint_module, "time", clock)
     store = BlockingStore(tmp_path)
     model, optimizer = trained()
     checkpointer = Checkpointer(store, spec())
     checkpointer.save(1, "weights", model, optimizer, {})
     assert store.entered.wait(timeout=30)
-    second = threading.Thread(target=checkpointer.save, args=(2, "full", model, optimizer, {}))
+    second = threading.Thread(target=checkpointer.save, args=(2, "full", model, optimizer, {}), name="second-save")
     second.start()
+    assert clock.read_by_watched.wait(timeout=30)  # the second save has started its stall clock
     second.join(timeout=0.3)
     assert second.is_alive()  # held: the first save is still being written
+    clock.now += 0.3  # the 0.3 s it was held, on the stall's own clock
     store.release.set()
     second.join(timeout=30)
     assert not second.is_alive()

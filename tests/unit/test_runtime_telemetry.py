@@ -9,6 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from runtime.worker.telemetry import MAX_ATTEMPTS, Telemetry
 
 COMMON = {"job": "j", "rank": 0, "device_id": "d/0", "flavor": "h100-sxm"}
@@ -101,7 +103,12 @@ def test_the_thread_sends_heartbeats_and_close_flushes_the_rest(tmp_path: Path) 
     )
     telemetry.start()
     telemetry.set_progress(7)
-    time.sleep(0.1)
+    # Until the thread has sent a heartbeat of step 7 (every 20 ms when it gets the CPU), not a fixed
+    # sleep: a thread starved of the CPU for the whole sleep is a busy machine, not a bug.
+    deadline = time.monotonic() + 30
+    while not any(e["kind"] == "heartbeat" and e["step"] == 7 for e in ingest.delivered()):
+        assert time.monotonic() < deadline, "no heartbeat of step 7 in 30 s"
+        time.sleep(0.005)
     telemetry.emit("finished", steps=7)
     telemetry.close()
     kinds = [e["kind"] for e in ingest.delivered()]
@@ -110,13 +117,35 @@ def test_the_thread_sends_heartbeats_and_close_flushes_the_rest(tmp_path: Path) 
     assert [json.loads(line)["kind"] for line in path.read_text().splitlines()] == kinds
 
 
-def test_close_gives_up_on_a_dead_ingest_within_its_budget() -> None:
+class SteppedTime:
+    """The telemetry module's ``time`` for a test: ``sleep`` moves ``monotonic`` on by exactly what was
+    asked, and nothing else moves it, so a budget is checked on the code's own arithmetic, not on how
+    promptly a busy machine wakes a sleeper."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def time(self) -> float:
+        return time.time()
+
+
+def test_close_gives_up_on_a_dead_ingest_within_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    import runtime.worker.telemetry as telemetry_module
+
+    clock = SteppedTime()
+    monkeypatch.setattr(telemetry_module, "time", clock)
     ingest = FakeIngest([ConnectionError("down")] * 100)
     telemetry = Telemetry(COMMON, url="http://cp", post=ingest)
     telemetry.emit("finished", steps=1)
-    started = time.monotonic()
+    started = clock.monotonic()
     telemetry.close(budget_s=0.3)
-    assert time.monotonic() - started < 0.6
+    assert clock.monotonic() - started < 0.6
     assert telemetry.dropped == 1
 
 
