@@ -1,5 +1,5 @@
-"""Crash trials of the metering flush: kill -9 it at a random instant, let a fresh relay finish, and
-compare the ledger with the ground truth to the cent.
+"""Crash trials of the metering flush: kill -9 it at a stage of the flush chosen in advance, let a fresh
+relay finish, and compare the ledger with the ground truth to the cent.
 
 Used by ``tests/integration/test_billing_crash.py`` (200 trials in CI) and ``bench/billing.py``; both
 run it in a process where Django is set up against PostgreSQL, with a Redis broker. It starts real
@@ -22,8 +22,13 @@ A trial:
    a price book of 12-decimal prices with a price change inside the trial window;
 2. start the flush: send the task to the worker, or (for the relay) the ingest's commit is the start,
    since the relay polls the outbox every 20 ms;
-3. at a uniformly random instant within the flush's expected duration (the median of calibration
-   flushes, measured first for the worker and the relay), note the victim's backend state in
+3. hold the victim at the trial's planned point of the flush (``billing.crashpoints``: a named point
+   of ``post_outbox_batch`` that is a no-op unless ``POLYCHIP_CRASH_POINTS`` is set; each worker and
+   relay has a folder of its own there): ``claimed`` (rows locked, nothing written), ``posted``
+   (ledger entries written, outbox rows not deleted), ``outbox_deleted`` (not committed) or
+   ``committed`` (the batch committed, the task not returned nor acknowledged, the relay not on its
+   next batch), in the planned batch of the flush (the relay's 800 rows take 4 batches of 200, the
+   worker's one of 1,000). Once the victim holds there, note its backend state in
    ``pg_stat_activity``, then kill:
    - ``worker_child``: kill -9 the worker's pool child; prefork starts another and, with acks_late and
      reject_on_worker_lost, the task's message comes back and the new child runs it again (checked:
@@ -35,7 +40,10 @@ A trial:
    - ``relay``: kill -9 the relay process; a fresh relay (the warm spare) is released and finishes;
    - ``relay_connection``: ``pg_terminate_backend`` on the relay's backend; the relay logs the error and
      finishes on its next round with a fresh connection;
-4. count the outbox right after the kill (the flush was mid-way if it is neither full nor empty);
+4. count the outbox right after the kill (the flush was mid-way if it is neither full nor empty),
+   release the hold (a victim whose connection was cut runs into the cut), and check that the
+   outbox and the backend state are what the planned point implies (a trial that missed its point
+   is a problem, so every kill provably landed where it was planned);
 5. wait until the outbox is empty and the worker idle (an idle worker with rows left gets a fresh
    task, as beat would send one), then compare: per (tenant, flavor) the ledger's entries and the
    ground truth (the intervals themselves, cut at month ends) are both rated with ``billing.rating``
@@ -46,16 +54,22 @@ A trial:
    deleted when the harness starts; the CI test's database is flushed after it, the bench's dropped.
 
 Trials alternate between a worker kind and a relay kind, so that a spare booting after a kill has a
-trial's time to get ready. Prefork notices a dead pool child through the child's sentinel, but when it
-wakes before the kernel has made the child waitable it finds nothing and only its 5-second maintenance
-timer sees the death later (celery 5.7); so the harness holds the worker's main process with SIGSTOP
-for the few milliseconds the child takes to die. That changes nothing the trial checks and keeps a
-trial around a second.
+trial's time to get ready; each kind walks through every (point, batch) pair of its driver in turn
+(``plan``), so 200 trials try every pair of every kind, the same way on every run. The flush's
+uninterrupted duration is still measured (calibration), each such flush checked against the truth.
+
+Prefork notices a dead pool child through the child's sentinel, but when it wakes before the kernel
+has made the child waitable it finds nothing and only its 5-second maintenance timer sees the death
+later (celery 5.7); so the harness holds the worker's main process with SIGSTOP for the few
+milliseconds the child takes to die. That changes nothing the trial checks and keeps a trial around
+a second.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import random
 import signal
@@ -70,6 +84,8 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+
+from billing import crashpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,12 +108,15 @@ TENANTS = 5
 JOBS_PER_TENANT = 4
 RELAY_BATCH = 200
 RELAY_INTERVAL_MS = 20
+POINTS = crashpoints.POINTS
+IN_TRANSACTION_POINTS = frozenset(POINTS) - {"committed"}
 # After a pool child's kill, how long the worker may take to notice it and to get the lost task's message
 # back (0.1-0.6 s; a second or more on a busy machine).
 LOST_WORKER_GRACE_S = 10.0
 FINISH_TIMEOUT_S = 60.0
-# The expected flush duration is the median of the last few uninterrupted flushes, one more of each
-# measured every RECALIBRATE_EVERY trials: the machine's load changes during a run.
+# The expected flush duration (a figure; no kill is timed by it) is the median of the last few
+# uninterrupted flushes, one more of each measured, and checked against the truth, every
+# RECALIBRATE_EVERY trials.
 CALIBRATION_WINDOW = 3
 RECALIBRATE_EVERY = 20
 BOOT_TIMEOUT_S = 90.0
@@ -334,8 +353,17 @@ class Process:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")
+        # Its billing.crashpoints folder: a trial arms a point there and waits for the hold.
+        self.points = log_dir / "points" / name
+        self.points.mkdir(parents=True)
         self.popen = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdin=stdin, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=ROOT,
+            env=dict(env, **{crashpoints.ENV: str(self.points)}),
+            stdin=stdin,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.pid = self.popen.pid
         self.started = time.monotonic()
@@ -365,6 +393,27 @@ class Process:
 
     def tail(self, chars: int = 2000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
+
+    def arm(self, trial_id: str, point: str, skip: int) -> None:
+        """Hold at the ``skip + 1``-th arrival at ``point`` from now on (billing.crashpoints)."""
+        self.unhold()
+        staged = self.points / "arm.tmp"
+        staged.write_text(json.dumps({"id": trial_id, "point": point, "skip": skip}))
+        staged.rename(self.points / "arm")  # atomic: the process never reads half an arm
+
+    def wait_held(self, timeout_s: float) -> bool:
+        """Until the process holds at the armed point (True), or ``timeout_s`` passed or it died (False)."""
+        deadline = time.monotonic() + timeout_s
+        while not (self.points / "held").exists():
+            if time.monotonic() > deadline or not self.alive():
+                return (self.points / "held").exists()
+            time.sleep(0.002)
+        return True
+
+    def unhold(self) -> None:
+        """Let a held process go on, and disarm a point it did not reach."""
+        for name in ("held", "arm"):
+            (self.points / name).unlink(missing_ok=True)
 
     def kill_group(self) -> None:
         """kill -9 the process and everything in its session, then reap it."""
@@ -511,8 +560,12 @@ class Trial:
     n: int
     kind: str
     records: int
-    kill_at_s: float
+    kill_at_s: float  # from the flush's start to the kill (the victim held at the planned point)
     expected_s: float
+    point: str = ""  # the planned point of the flush (billing.crashpoints) ...
+    batch: int = 0  # ... in this batch of the flush (0: the first)
+    held: bool = False  # the victim held at the planned point, and was killed there
+    expected_outbox: int = -1  # the outbox that the planned point implies: what the kill must find
     outbox_at_kill: int = -1
     backend_state: str = ""  # the victim's backend just before the kill: active, idle in transaction, idle, none
     backend_query: str = ""
@@ -540,6 +593,33 @@ class Trial:
     def inside_flush(self) -> bool:
         """Mid-way, or inside the first batch's transaction (nothing committed yet, but rows claimed)."""
         return self.mid_flush or (self.outbox_at_kill == self.records and self.in_transaction)
+
+    @property
+    def as_planned(self) -> bool:
+        """Held at the planned point; the outbox and the backend were as that point implies."""
+        return (
+            self.held
+            and self.outbox_at_kill == self.expected_outbox
+            and self.in_transaction == (self.point in IN_TRANSACTION_POINTS)
+        )
+
+
+def batch_size(driver: str) -> int:
+    """Outbox rows per transaction: the Celery task's (billing.services.RELAY_BATCH) or the relay's."""
+    from billing import services
+
+    return services.RELAY_BATCH if driver == "worker" else RELAY_BATCH
+
+
+def batches(driver: str, records: int) -> int:
+    return max(1, math.ceil(records / batch_size(driver)))
+
+
+def expected_outbox(driver: str, point: str, batch: int, records: int) -> int:
+    """The outbox left at ``point`` of batch ``batch``: the batches before it committed, and this one
+    too once at ``committed``; an uncommitted batch's work is invisible to others, and lost in a kill."""
+    committed = batch + (point == "committed")
+    return max(0, records - committed * batch_size(driver))
 
 
 class CrashTrials:
@@ -710,7 +790,7 @@ class CrashTrials:
     def calibrate(self, flushes: int = 3, *, quiet: bool = False) -> dict[str, float]:
         """The flush's duration, uninterrupted, for the worker and the relay: from its start to the
         creation of the last ledger entry, read afterwards so that no polling slows it. The expected
-        duration is the median of the last few, so that it follows the machine's load."""
+        duration is the median of the last few. Each such flush must agree with the truth."""
         from django.db.models import Max
 
         from billing.models import LedgerEntry
@@ -739,23 +819,30 @@ class CrashTrials:
             )
         return self.expected
 
-    def trial(self, n: int, kind: str) -> Trial:
+    def trial(self, n: int, kind: str, point: str = "claimed", batch: int = 0) -> Trial:
+        """Kill ``kind``'s victim held at ``point`` of the flush's batch ``batch`` (see ``plan``)."""
         assert self.worker is not None and self.relay is not None
+        assert point in POINTS, point
         driver = "worker" if kind in WORKER_KINDS else "relay"
-        rng = random.Random(f"kill:{self.seed}:{n}")
-        trial = Trial(n, kind, self.records, kill_at_s=rng.uniform(0, self.expected[driver]), expected_s=0.0)
-        trial.expected_s = self.expected[driver]
+        assert 0 <= batch < batches(driver, self.records), (driver, batch)
+        trial = Trial(n, kind, self.records, kill_at_s=0.0, expected_s=self.expected.get(driver, 0.0))
+        trial.point, trial.batch = point, batch
+        trial.expected_outbox = expected_outbox(driver, point, batch, self.records)
         intervals = make_usage(n, self.records, self.tenant_ids, seed=self.seed)
-        victim_app = self.worker.name if driver == "worker" else self.relay.name
+        victim: Process = self.worker if driver == "worker" else self.relay
         child = self.worker.child() if kind == "worker_child" else None
         self.worker.scan()
         lost_before = self.worker.lost
         floor = last_record_id()
+        victim.arm(f"{self.prefix}trial{n}", point, skip=batch)
         began = time.monotonic()
         started, task_id = self._start(driver, intervals)
         trial.ingest_s = started - began
-        time.sleep(max(0.0, started + trial.kill_at_s - time.monotonic()))
-        backend = backend_of(victim_app)
+        trial.held = victim.wait_held(FINISH_TIMEOUT_S)
+        trial.kill_at_s = time.monotonic() - started
+        if not trial.held:
+            trial.problems.append(f"{victim.name} never reached {point} of batch {batch} in {FINISH_TIMEOUT_S} s")
+        backend = backend_of(victim.name)
         trial.backend_state, trial.backend_query = (backend[1], backend[2]) if backend else ("none", "")
         if kind == "worker_child":
             if child is None:
@@ -770,6 +857,13 @@ class CrashTrials:
             terminate_backend(backend[0])
         killed = time.monotonic()
         trial.outbox_at_kill = outbox_count()
+        victim.unhold()  # a victim whose connection was cut goes on, into the cut
+        if trial.held and not trial.as_planned:
+            trial.problems.append(
+                f"held at {point} of batch {batch}, the kill found {trial.outbox_at_kill} outbox rows (expected "
+                f"{trial.expected_outbox}) and the backend {trial.backend_state!r} (in a transaction: "
+                f"{point in IN_TRANSACTION_POINTS})"
+            )
         try:
             if kind == "worker":
                 self._send(self._promote_worker())  # the old worker's message stays unacked with it
@@ -797,12 +891,11 @@ class CrashTrials:
         started = time.monotonic()
         if not self.expected:
             self.calibrate()
-        kinds = schedule(trials, self.seed)
         results = self.results = []
-        for n, kind in enumerate(kinds):
+        for n, (kind, point, batch) in enumerate(plan(trials, self.records, self.seed)):
             if n and n % RECALIBRATE_EVERY == 0:
                 self.calibrate(1, quiet=True)
-            results.append(self.trial(n, kind))
+            results.append(self.trial(n, kind, point, batch))
             if (n + 1) % every == 0 or n + 1 == trials:
                 bad = sum(1 for r in results if r.mismatch_cents or r.lost or r.doubled or r.problems)
                 expected = ", ".join(f"{d} {v:.3f} s" for d, v in self.expected.items())
@@ -826,6 +919,21 @@ def schedule(trials: int, seed: int = 0) -> list[str]:
     return [sides[n % 2][n // 2] for n in range(trials)]
 
 
+def plan(trials: int, records: int, seed: int = 0) -> list[tuple[str, str, int]]:
+    """(kind, point, batch) per trial: the kinds of ``schedule``; the j-th trial of a kind holds at
+    point j mod 4 of batch (j + j div 4) mod (its driver's batches), so the first 4 x batches trials
+    of a kind try each (point, batch) pair once (the relay's 4 batches: 16; the worker's 1: 4), each
+    point early on and the batches mixed, the same way on every run."""
+    seen: Counter[str] = Counter()
+    planned = []
+    for kind in schedule(trials, seed):
+        j = seen[kind]
+        seen[kind] += 1
+        count = batches("worker" if kind in WORKER_KINDS else "relay", records)
+        planned.append((kind, POINTS[j % len(POINTS)], (j + j // len(POINTS)) % count))
+    return planned
+
+
 def summarize(results: Sequence[Trial], harness: CrashTrials | None = None, wall_s: float = 0.0) -> dict[str, Any]:
     n = len(results)
     by_kind = Counter(r.kind for r in results)
@@ -847,6 +955,11 @@ def summarize(results: Sequence[Trial], harness: CrashTrials | None = None, wall
         "in_transaction_share": round(in_transaction / n, 3) if n else 0.0,
         "inside_flush_share": round(sum(r.inside_flush for r in results) / n, 3) if n else 0.0,
         "backend_states_at_kill": dict(sorted(states.items())),
+        # Each trial's victim held at its planned point (billing.crashpoints) and the kill found the outbox
+        # and the backend as that point implies; which (kind, point) pairs were tried, how often.
+        "held_as_planned": sum(1 for r in results if r.as_planned),
+        "by_kind_point": dict(sorted(Counter(f"{r.kind}@{r.point}" for r in results).items())),
+        "by_point_batch": dict(sorted(Counter(f"{r.point}#{r.batch}" for r in results).items())),
         # Pool children killed under a running task (the worker reported WorkerLostError; a kill that
         # lands before the child takes the task or after it ended does not), and how many of those
         # tasks' messages came back and ran again.
@@ -870,4 +983,7 @@ def summarize(results: Sequence[Trial], harness: CrashTrials | None = None, wall
 
 
 def trial_rows(results: Sequence[Trial]) -> list[dict[str, Any]]:
-    return [asdict(r) | {"mid_flush": r.mid_flush, "inside_flush": r.inside_flush} for r in results]
+    return [
+        asdict(r) | {"mid_flush": r.mid_flush, "inside_flush": r.inside_flush, "as_planned": r.as_planned}
+        for r in results
+    ]
