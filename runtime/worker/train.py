@@ -382,9 +382,12 @@ def _stop_after(
         if not any(r.step == step and r.kind == "full" for r in checkpointer.records):
             # A stop without its checkpoint would throw work away: report it as the failure it is.
             raise RuntimeError(f"the checkpoint before stopping failed: {checkpointer.last_error}")
+    # A rank that read the control file just before it appeared learned of the stop from the all-reduce:
+    # the file is there now, so every rank reports the reason the stop was asked for.
+    reason = reason or stop_request(config) or "another rank was asked to stop"
     # No barrier: the other ranks may leave while rank 0 writes (however long that takes); the
     # supervisor reports the stop only once every rank has ended, none of them failed.
-    raise Stopped(f"stopped after step {step} with a full checkpoint: {reason or 'another rank was asked to stop'}")
+    raise Stopped(f"stopped after step {step} with a full checkpoint: {reason}")
 
 
 class _CommTotals:
