@@ -235,8 +235,6 @@ def test_the_memory_model_caps_micro_batches_by_device_memory() -> None:
 def test_a_rank_that_learned_of_the_stop_from_its_peers_reports_the_reason_asked(tmp_path: Path) -> None:
     """The control file appeared between two ranks' reads: the late rank stops on the all-reduce's word,
     and still names the reason the stop was asked for (it used to say "another rank was asked to stop")."""
-    import torch
-
     from runtime.worker.checkpointing import Stopped
     from runtime.worker.train import _stop_after
 
