@@ -124,7 +124,7 @@ def kill_trials(trials: int) -> dict[str, Any]:
         env.update(POLYCHIP_VAR_DIR=scratch, POLYCHIP_PUBLIC_URL=url, POLYCHIP_LOCAL_TELEMETRY_FILES="1")
         runs = Path(scratch) / "runs"
         print(f"embedded default in {scratch}, port {port}", flush=True)
-        cli(env, "up", "--port", str(port))
+        cli(env, "demo", "--no-job", "--port", str(port))
         try:
             client = Client(url, (Path(scratch) / "demo-token").read_text().strip())
             reference = _finish(client, client.submit({**SPEC, "name": "bench-reference"})["id"])

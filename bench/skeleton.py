@@ -34,7 +34,7 @@ import websockets
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controlplane.cli import DEMO_PASSWORD, DEMO_SPEC, DEMO_USER, Client, follow  # noqa: E402
+from controlplane.cli import DEMO_SPEC, DEMO_USER, Client, follow  # noqa: E402
 from tests.stack import portal_session  # noqa: E402
 
 
@@ -112,7 +112,7 @@ def main() -> None:
         }
         env.update(POLYCHIP_VAR_DIR=scratch, POLYCHIP_PUBLIC_URL=url)
         print(f"embedded default in {scratch}, port {port}", flush=True)
-        cli(env, "up", "--port", str(port))
+        cli(env, "demo", "--no-job", "--port", str(port))
         try:
             client = Client(url, (Path(scratch) / "demo-token").read_text().strip())
             walls = []
@@ -126,7 +126,14 @@ def main() -> None:
                 print(f"  demo trial {trial + 1}: {walls[-1]:.2f} s", flush=True)
             figures["demo_job_wall_s"] = round(statistics.median(walls), 2)
 
-            latencies = asyncio.run(measure_push(url, portal_session(url, DEMO_USER, DEMO_PASSWORD), client, samples))
+            latencies = asyncio.run(
+                measure_push(
+                    url,
+                    portal_session(url, DEMO_USER, (Path(scratch) / "demo-password").read_text().strip()),
+                    client,
+                    samples,
+                )
+            )
             latencies.sort()
             figures["ws_push_latency_ms_p50"] = round(statistics.median(latencies), 1)
             figures["ws_push_latency_ms_p95"] = round(latencies[int(0.95 * (len(latencies) - 1))], 1)

@@ -12,6 +12,7 @@ import os
 from typing import Any, Final
 
 from celery import Celery
+from celery.signals import beat_init, worker_init
 from django.db.utils import InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerOperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -36,3 +37,18 @@ RETRY_POLICY: Final[dict[str, Any]] = {"retry_backoff": True, "retry_backoff_max
 app = Celery("polychip")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_init.connect
+@beat_init.connect
+def _refuse_demo_accounts(**_: Any) -> None:
+    # Imported here: Django is set up only once the worker starts.
+    from django.core.exceptions import ImproperlyConfigured
+
+    from controlplane.production import refuse_demo_accounts
+
+    try:
+        refuse_demo_accounts()
+    except ImproperlyConfigured as refusal:
+        # Celery logs and swallows a signal handler's exceptions; SystemExit is not one of them.
+        raise SystemExit(str(refusal)) from None

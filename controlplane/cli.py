@@ -1,8 +1,8 @@
 """The ``polychip`` command: run the control plane here, and talk to it over REST.
 
-    polychip up        migrate, load the pool, start the ASGI server, a Celery worker and beat
+    polychip up        migrate, load the pool, start the ASGI server, a Celery worker and beat (no account)
     polychip down      stop them
-    polychip demo      up, then submit the demo job, follow it and print a summary
+    polychip demo      up, the demo tenant and operator (random passwords), then the demo job and a summary
     polychip submit F  submit a job spec (YAML or JSON) and optionally follow it
     polychip status    what runs, where
 
@@ -31,7 +31,7 @@ from runtime.backends.local.procs import pid_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"succeeded", "failed", "cancelled"}
-DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
+DEMO_USER = "demo"
 OPERATOR_USER = "operator"
 DEMO_SPEC: dict[str, Any] = {
     "name": "demo-mixed-mlp",
@@ -115,18 +115,11 @@ def cmd_up(args: argparse.Namespace) -> str:
     url = f"http://{args.host}:{args.port}"
     public_url = os.environ.setdefault("POLYCHIP_PUBLIC_URL", url)
     env = dict(os.environ, POLYCHIP_PUBLIC_URL=public_url, PYTHONUNBUFFERED="1")
-    print("• migrating the database, loading the pool and the demo tenant", flush=True)
+    print("• migrating the database and loading the pool", flush=True)
     _manage("migrate", "--noinput", "-v", "0")
     _manage("load_pool")
-    token_file = str(var_dir() / "demo-token")
-    # 16 NAU is the whole demo pool (2 h100 at 3.17 NAU each, 2 a100 at 1, 4 ascend-910b at 1.026,
-    # 4 tpu-v4 at 0.881); operators change it through the API or the admin.
-    _manage(
-        "ensure_tenant",
-        *("--user", DEMO_USER, "--password", DEMO_PASSWORD, "--token-file", token_file, "--nau-quota", "16"),
-    )
-    operator_file = var_dir() / "operator-password"
-    _manage("ensure_operator", "--username", OPERATOR_USER, "--password-file", str(operator_file))
+    if getattr(args, "demo_accounts", False):
+        ensure_demo_accounts()
 
     if _running("server") is None and _port_in_use(args.host, args.port):
         raise SystemExit(f"port {args.port} on {args.host} is taken by another program; choose one with POLYCHIP_PORT")
@@ -138,14 +131,48 @@ def cmd_up(args: argparse.Namespace) -> str:
     _spawn("worker", [*python, *worker.split(), "--hostname", "polychip@%h"], env)
     _spawn("beat", [*python, *beat.split(), str(var_dir() / "celerybeat-schedule")], env)
     _wait_healthy(url)
-    print(f"• Polychip is up: portal {url}/ (user {DEMO_USER}, password {DEMO_PASSWORD})", flush=True)
-    print(
-        f"  API {url}/api/v1/ (token in {token_file}); admin console {url}/admin/ "
-        f"(user {OPERATOR_USER}, password in {operator_file})",
-        flush=True,
-    )
+    print(f"• Polychip is up: portal {url}/, API {url}/api/v1/, admin console {url}/admin/", flush=True)
+    if not getattr(args, "demo_accounts", False):
+        print(
+            "  no account is created: `polychip demo` makes the demo's, or create yours with\n"
+            "  python manage.py ensure_operator --password-file FILE and python manage.py ensure_tenant "
+            "--slug S --user U --password-file FILE --token-file FILE",
+            flush=True,
+        )
     print(f"  logs in {var_dir() / 'log'}; stop everything with: make down", flush=True)
     return url
+
+
+def ensure_demo_accounts() -> None:
+    """The demo tenant (its owner and API token) and an operator, with random passwords in var/ (0600).
+
+    Both accounts are marked as demo accounts: a production-like start refuses to run while one exists.
+    """
+    print("• the demo tenant and operator (random passwords, files of mode 0600)", flush=True)
+    # 16 NAU is the whole demo pool (2 h100 at 3.17 NAU each, 2 a100 at 1, 4 ascend-910b at 1.026,
+    # 4 tpu-v4 at 0.881); operators change it through the API or the admin.
+    _manage(
+        "ensure_tenant",
+        *("--user", DEMO_USER, "--demo", "--nau-quota", "16"),
+        *("--password-file", str(demo_password_file()), "--token-file", str(var_dir() / "demo-token")),
+    )
+    _manage("ensure_operator", "--demo", "--username", OPERATOR_USER, "--password-file", str(operator_password_file()))
+
+
+def demo_password_file() -> Path:
+    return var_dir() / "demo-password"
+
+
+def operator_password_file() -> Path:
+    return var_dir() / "operator-password"
+
+
+def _sign_in_lines(url: str) -> str:
+    return (
+        f"portal {url}/ (user {DEMO_USER}, password {demo_password_file().read_text().strip()}, "
+        f"also in {demo_password_file()}); admin console {url}/admin/ (user {OPERATOR_USER}, password in "
+        f"{operator_password_file()}); API token in {var_dir() / 'demo-token'}"
+    )
 
 
 def cmd_down(args: argparse.Namespace | None = None) -> None:
@@ -261,7 +288,7 @@ def read_token() -> str:
     path = var_dir() / "demo-token"
     if path.exists():
         return path.read_text().strip()
-    raise SystemExit("no API token: set POLYCHIP_TOKEN, or run 'polychip up' to create the demo tenant's")
+    raise SystemExit("no API token: set POLYCHIP_TOKEN, or run 'polychip demo' to create the demo tenant's")
 
 
 def cmd_submit(args: argparse.Namespace) -> None:
@@ -279,7 +306,11 @@ def cmd_submit(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
+    args.demo_accounts = True
     url = cmd_up(args)
+    print(f"• {_sign_in_lines(url)}", flush=True)
+    if args.no_job:
+        return
     try:
         client = Client(url, read_token())
         started = time.monotonic()
@@ -295,10 +326,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         if args.stop:
             cmd_down()
     if not args.stop:
-        print(
-            f"\nThe servers are still up: open {url}/ (user {DEMO_USER}, password {DEMO_PASSWORD}). "
-            "Stop them with: make down"
-        )
+        print(f"\nThe servers are still up: {_sign_in_lines(url)}. Stop them with: make down")
     if job["state"] != "succeeded":
         raise SystemExit(1)
 
@@ -317,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if name == "demo":
             p.add_argument("--stop", action="store_true", help="stop the servers after the summary (for CI)")
             p.add_argument("--timeout", type=float, default=600, help="seconds to wait for the job")
+            p.add_argument("--no-job", action="store_true", help="start and create the demo accounts, submit nothing")
     sub.add_parser("down", help="stop the servers").set_defaults(func=cmd_down)
     sub.add_parser("status", help="which servers run").set_defaults(func=cmd_status)
     p = sub.add_parser("submit", help="submit a job spec file (YAML or JSON)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import dj_database_url
@@ -63,6 +64,16 @@ def _local_secret_key(path: Path) -> str:
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or _local_secret_key(VAR_DIR / "secret-key")
 DEBUG = env_bool("DJANGO_DEBUG", False)
+
+
+def production_like(environ: Mapping[str, str], debug: bool) -> bool:
+    """Said outright (POLYCHIP_ENV=production), or implied by a real database with debugging off."""
+    said = environ.get("POLYCHIP_ENV", "").strip().lower()
+    return said == "production" or (not debug and bool(environ.get("DATABASE_URL", "").strip()))
+
+
+# A production-like start refuses to run while a demo account exists (controlplane/production.py).
+PRODUCTION_LIKE = production_like(os.environ, DEBUG)
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
 
 INSTALLED_APPS = [
@@ -85,6 +96,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "controlplane.middleware.RejectUnfitQueryStrings",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -151,6 +163,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # JSON that Python or PostgreSQL cannot take (deep nesting, NUL, lone surrogates) is a 400.
+    "DEFAULT_PARSER_CLASSES": [
+        "controlplane.parsers.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "EXCEPTION_HANDLER": "controlplane.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }

@@ -1,4 +1,8 @@
-"""WebSocket: a signed-in tenant user receives their tenant's job events as they happen."""
+"""WebSocket: a signed-in tenant user receives their tenant's job events as they happen.
+
+The socket only sends; frames from the browser are ignored. It stays open only while its session
+and its user's membership of the tenant hold (``frontend.access``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from frontend.access import still_allowed, user_group
 from frontend.relay import LATE_COMMIT_WINDOW_S, SeenIds, listener_joined, listener_left, tenant_group
 from jobs import services as jobs
 from jobs.contracts import job_json
@@ -18,18 +23,29 @@ def _snapshot(tenant_id: int) -> list[dict[str, Any]]:
     return [job_json(job) for job in jobs.list_jobs(tenant_id=tenant_id)]
 
 
+# A WebSocket close code in the private range: the socket may no longer hear this tenant.
+CLOSE_NOT_ALLOWED = 4401
+
+
 class JobEventsConsumer(AsyncJsonWebsocketConsumer):
     group: str | None = None
+    user_id: int | None = None
+    tenant_id: int | None = None
+    session_key: str | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
         tenant = await database_sync_to_async(tenants.tenant_for_user)(user) if user else None
         if tenant is None:
-            await self.close(code=4401)
+            await self.close(code=CLOSE_NOT_ALLOWED)
             return
         self.group = tenant_group(tenant.id)
+        self.user_id, self.tenant_id = user.pk, tenant.id
+        session = self.scope.get("session")
+        self.session_key = session.session_key if session is not None else None
         self.sent = SeenIds(LATE_COMMIT_WINDOW_S)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.channel_layer.group_add(user_group(user.pk), self.channel_name)
         await self.accept()
         listener_joined()
         await self.send_json({"type": "hello", "tenant": tenant.slug})
@@ -41,8 +57,29 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
             listener_left()
+            self.group = None
+        if self.user_id is not None:
+            await self.channel_layer.group_discard(user_group(self.user_id), self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        """The socket only sends: a frame from the browser, JSON or not, is ignored."""
+
+    async def _allowed(self) -> bool:
+        if self.user_id is None or self.tenant_id is None:
+            return False
+        return await database_sync_to_async(still_allowed)(
+            session_key=self.session_key, user_id=self.user_id, tenant_id=self.tenant_id
+        )
+
+    async def access_revoked(self, message: dict[str, Any]) -> None:
+        """Signed out (that session) or removed from the tenant: close now."""
+        if message.get("session_key") == self.session_key or message.get("tenant_id") == self.tenant_id:
+            await self.close(code=CLOSE_NOT_ALLOWED)
 
     async def job_event(self, message: dict[str, Any]) -> None:
+        if not await self._allowed():
+            await self.close(code=CLOSE_NOT_ALLOWED)
+            return
         if not self.sent.add(message["event"]["id"]):
             return
         self.sent.forget_old()

@@ -9,18 +9,21 @@ checkpoints); every rank speaks for its own step figures and its own device's he
 from __future__ import annotations
 
 import hmac
+import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from jobs import locks, throughput, transitions
 from jobs.errors import TelemetryRejected
-from jobs.models import Device, JobAttempt, JobEvent, JobState, TrainingJob
-from jobs.runs import ingest_token
-from jobs.telemetry import TelemetryEvent
+from jobs.models import Allocation, Device, JobAttempt, JobEvent, JobState, TrainingJob
+from jobs.runs import ingest_token, run_key
+from jobs.telemetry import InvalidTelemetry, TelemetryEvent
+from runtime.throughput import FIGURE_MARGIN
 
 RECENT_LOSSES = 50
 PROGRESS_EVENT_EVERY = timedelta(seconds=1)
@@ -263,6 +266,69 @@ def _gang_speed(job: TrainingJob) -> float | None:
     return round(float(sum(speeds)), 3) if speeds else None
 
 
+def _check_artifacts(job: TrainingJob, events: Sequence[TelemetryEvent]) -> None:
+    """A worker names its model file; only a path inside its own run's artifact folder is taken (a
+    path elsewhere, ``../../etc/shadow`` or ``/etc/shadow``, would be shown back to the tenant)."""
+    own = os.path.normpath(settings.POLYCHIP_ARTIFACTS_DIR / run_key(job))
+    for i, event in enumerate(events):
+        if not event.artifact:
+            continue
+        path = os.path.normpath(os.path.join(own, event.artifact))
+        if os.path.commonpath([own, path]) != own or path == own:
+            raise InvalidTelemetry(
+                f"{event.where or f'events[{i}]'}.artifact",
+                f"must be a file inside the run's own artifact folder ({own}), got {event.artifact!r}",
+            )
+
+
+def _check_physical(job: TrainingJob, events: Sequence[TelemetryEvent]) -> None:
+    """Refuse the batch when a figure is more than the job's devices can do (``throughput.ceilings``).
+
+    Rates are checked against the flavor of the device the rank holds, not the flavor the worker
+    names: a worker's telemetry is untrusted, and its figures feed tables every tenant's jobs read.
+    """
+    rated = [(i, e) for i, e in enumerate(events) if any(value is not None for _, value in _rates(e))]
+    if not rated:
+        return
+    held = dict(
+        Allocation.objects.filter(job_id=job.pk, ended_at__isnull=True).values_list("rank", "device__flavor__name")
+    )
+    ceiling = throughput.ceilings(job.job_class, set(held.values()) or {""})
+    fastest = max(ceiling.values())
+    gang = sum(ceiling[flavor] for flavor in held.values()) or fastest
+    for i, event in rated:
+        where = event.where or f"events[{i}]"
+        for name, value in _rates(event):
+            if value is None:
+                continue
+            flavor = held.get(event.rank) if name == "samples_per_s" else None
+            limit = gang if name == "global_samples_per_s" else ceiling[flavor] if flavor else fastest
+            if value > limit:
+                held_as = flavor or "the job's fastest device"
+                raise InvalidTelemetry(
+                    f"{where}.{name}",
+                    f"{value:g} samples/s is more than {held_as} can do for {job.job_class} "
+                    f"(at most {limit:g}: {FIGURE_MARGIN:g}x its benchmark); report what the steps measured",
+                )
+
+
+def _rates(event: TelemetryEvent) -> list[tuple[str, float | None]]:
+    return [
+        ("samples_per_s", event.samples_per_s),
+        ("global_samples_per_s", event.global_samples_per_s),
+        ("measured_samples_per_s", event.measured_samples_per_s),
+        ("expected_samples_per_s", event.expected_samples_per_s),
+        *(("predicted", p) for p in event.predicted or ()),
+    ]
+
+
+def check_ingest_token(*, job_id: int, token: str) -> None:
+    """Refuse a worker's request before its body is read: the ingest route takes no other credential."""
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is None or not hmac.compare_digest(token.encode(), ingest_token(job).encode()):
+        raise TelemetryRejected("unknown job or wrong ingest token")
+
+
 def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent]) -> int:
     """Fold a batch of worker events into the job's progress; returns how many were applied."""
     with transaction.atomic():
@@ -271,6 +337,8 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
             raise TelemetryRejected("unknown job or wrong ingest token")
         if job.state not in (JobState.ADMITTED, JobState.RUNNING):
             return 0  # late telemetry of an ended job changes nothing
+        _check_artifacts(job, events)
+        _check_physical(job, events)
         fields: set[str] = {"last_heartbeat_at"}
         job.last_heartbeat_at = timezone.now()
         for event in sorted(events, key=lambda e: (e.ts, e.step or 0)):

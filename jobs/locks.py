@@ -5,7 +5,7 @@
 2. jobs, in primary-key order;
 3. a job's attempts;
 4. devices, in device-id order;
-5. throughput entries.
+5. throughput entries, then a job's own throughput observations.
 
 A transaction that needs several takes them top to bottom, so two of them never wait on each
 other in a circle. No other module of the app calls ``select_for_update``. On SQLite these are
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from django.db import connection
 from django.db.models import QuerySet
 
-from jobs.models import AdmissionLock, Device, JobAttempt, ThroughputEntry, TrainingJob
+from jobs.models import AdmissionLock, Device, JobAttempt, ThroughputEntry, ThroughputObservation, TrainingJob
 
 
 def admission_lock(*, wait: bool = True) -> bool:
@@ -61,4 +61,9 @@ def devices(rows: QuerySet[Device]) -> QuerySet[Device]:
 
 def throughput_entries(rows: QuerySet[ThroughputEntry]) -> QuerySet[ThroughputEntry]:
     """The throughput entries of ``rows``, to be locked when evaluated."""
+    return rows.select_for_update()
+
+
+def throughput_observations(rows: QuerySet[ThroughputObservation]) -> QuerySet[ThroughputObservation]:
+    """A job's throughput observations in ``rows``, to be locked when evaluated (after the entry)."""
     return rows.select_for_update()

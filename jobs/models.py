@@ -337,6 +337,8 @@ class ThroughputEntry(models.Model):
     samples_per_s = models.FloatField()  # the whole gang's
     source = models.CharField(max_length=16, choices=ThroughputSource.choices)
     samples = models.PositiveIntegerField(default=0)  # observations the figure rests on
+    # The benchmark's figure, kept when real steps replace it: what bounds a worker's claims (bounds.py).
+    benchmark_samples_per_s = models.FloatField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -348,3 +350,30 @@ class ThroughputEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_class} on {self.devices} x {self.flavor}: {self.samples_per_s:.1f} samples/s ({self.source})"
+
+
+class ThroughputObservation(models.Model):
+    """One job's own figure for a throughput key: its moving average of what its steps measured.
+
+    The shared entry is the median of the recent jobs' figures (``jobs.throughput.learn``), so that
+    no one job, whose worker telemetry is untrusted, can move what every tenant's admission reads."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="throughput_observations")
+    job_class = models.CharField(max_length=63)
+    flavor = models.CharField(max_length=63)
+    devices = models.PositiveIntegerField()
+    samples_per_s = models.FloatField()  # the whole gang's, this job's moving average
+    samples = models.PositiveIntegerField(default=0)  # telemetry batches it rests on
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "job_class", "flavor", "devices"], name="throughput_one_observation_per_job_key"
+            ),
+            models.CheckConstraint(condition=models.Q(samples_per_s__gt=0), name="throughput_observation_positive"),
+        ]
+        indexes = [models.Index(fields=["job_class", "flavor", "devices", "-updated_at"], name="throughput_obs_recent")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.job_class} on {self.devices} x {self.flavor}: {self.samples_per_s:.1f}"

@@ -27,6 +27,7 @@ from jobs.finishing import finish_job as finish_job
 from jobs.health import drain_device as drain_device
 from jobs.health import drain_node as drain_node
 from jobs.health import score_devices as score_devices
+from jobs.ingest import check_ingest_token as check_ingest_token
 from jobs.ingest import ingest_telemetry as ingest_telemetry
 from jobs.lifecycle import observe_job as observe_job
 from jobs.lifecycle import provision_job as provision_job
@@ -70,6 +71,7 @@ __all__ = [
     "admit_queued_jobs",
     "allocated_ms",
     "cancel_job",
+    "check_ingest_token",
     "cycle_listeners",
     "drain_device",
     "drain_node",

@@ -79,9 +79,18 @@ class TelemetryEvent:
     recovery: dict[str, Any] | None = None
     # A heartbeat's device health rows since the last one (``runtime.recovery.health.FEATURES``).
     device_readings: tuple[tuple[float, ...], ...] | None = None
+    # Where the event was in the batch ("events[3]"), for an error found after parsing.
+    where: str = ""
 
 
-def _number(event: dict[str, Any], key: str, where: str, *, whole: bool = False) -> Any:
+# Whole numbers land in 32-bit columns (steps, ranks); byte counts stay in JSON and may be larger.
+MAX_WHOLE = 2**31 - 1
+MAX_BYTES = 2**53
+# No figure in a worker's telemetry is larger than this (rates are also checked per flavor, at ingest).
+MAX_FIGURE = 1e15
+
+
+def _number(event: dict[str, Any], key: str, where: str, *, whole: bool = False, maximum: float | None = None) -> Any:
     value = event.get(key)
     if value is None:
         return None
@@ -89,6 +98,9 @@ def _number(event: dict[str, Any], key: str, where: str, *, whole: bool = False)
         raise InvalidTelemetry(f"{where}.{key}", "must be a finite number")
     if value < 0:
         raise InvalidTelemetry(f"{where}.{key}", "must not be negative")
+    limit = maximum if maximum is not None else MAX_WHOLE if whole else MAX_FIGURE
+    if value > limit:
+        raise InvalidTelemetry(f"{where}.{key}", f"must be at most {limit:g}")
     if whole:
         if not isinstance(value, int):
             raise InvalidTelemetry(f"{where}.{key}", "must be a whole number")
@@ -187,7 +199,12 @@ def _comm(event: dict[str, Any], kind: str, where: str) -> dict[str, Any] | None
             "link_gbit_measured": _number(event, "link_gbit_measured", where),
         }
     if kind == "step":
-        figures = {key: _number(event, key, where, whole=key.startswith("comm_bytes")) for key in _COMM_STEP}
+        figures = {
+            key: _number(event, key, where, whole=True, maximum=MAX_BYTES)
+            if key.startswith("comm_bytes")
+            else _number(event, key, where)
+            for key in _COMM_STEP
+        }
         return figures if any(v is not None for v in figures.values()) else None
     if kind == "comm_summary":
         return {
@@ -204,7 +221,7 @@ def _recovery(event: dict[str, Any], kind: str, where: str) -> dict[str, Any] | 
             "checkpoint_kind": str(event.get("checkpoint_kind", ""))[:20],
             "stall_ms": _number(event, "stall_ms", where),
             "write_ms": _number(event, "write_ms", where),
-            "bytes": _number(event, "bytes", where, whole=True),
+            "bytes": _number(event, "bytes", where, whole=True, maximum=MAX_BYTES),
             "background": _flag(event, "background", where),
         }
     if kind == "restored":
@@ -302,6 +319,7 @@ def parse_events(raw: Any) -> list[TelemetryEvent]:
                 comm=_comm(event, kind, where),
                 recovery=_recovery(event, kind, where),
                 device_readings=_readings(event, where) if kind == "heartbeat" else None,
+                where=where,
             )
         )
     return events

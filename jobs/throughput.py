@@ -1,11 +1,11 @@
 """The stored throughput table: seeded from benchmarks, learned from step telemetry, read by admission.
 
 The table's logic is ``runtime.throughput`` (pure); this module loads it from ``ThroughputEntry``
-rows and persists what changes. Learning happens in SQL, one UPDATE per telemetry batch that
-carries news, with the same rule as ``ThroughputTable.learn`` (``observation_weight``), so that
-concurrent batches of different jobs of one class never overwrite each other's observations. It
-runs after the ingest transaction commits (``learn_after_commit``), so that no job's ingest holds
-the shared row while it holds its own job's row.
+rows and persists what changes. Each job keeps its own figure (``ThroughputObservation``, the rule of
+``ThroughputTable.learn``), and a shared entry is the median of the recent jobs' figures
+(``runtime.throughput.bounds``): worker telemetry is untrusted, so one job is one vote. Learning runs
+after the ingest transaction commits (``learn_after_commit``), under the entry's row lock, so that no
+job's ingest holds the shared row while it holds its own job's row.
 """
 
 from __future__ import annotations
@@ -16,20 +16,22 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, FloatField, IntegerField, Value, When
-from django.db.models.functions import Cast, Greatest, Now
 
 from jobs import locks
 from jobs.contracts import ThroughputEntryView
 from jobs.models import Allocation, Flavor, ThroughputSource
 from jobs.models import ThroughputEntry as EntryRow
+from jobs.models import ThroughputObservation as ObservationRow
 from runtime.throughput import (
     LEARNING_WEIGHT,
+    RECENT_JOBS,
     Source,
     ThroughputEntry,
     ThroughputMatrix,
     ThroughputTable,
     choose_reference,
+    per_device_ceiling,
+    robust_figure,
 )
 
 log = logging.getLogger(__name__)
@@ -117,47 +119,80 @@ def store_benchmarks(entries: Iterable[ThroughputEntry], *, over_measured: bool 
         )
         row = existing.first()
         if row is not None and row.source == ThroughputSource.MEASURED and not over_measured:
+            if entry.source == Source.BENCHMARK:  # the figure stays measured; the bound is the new benchmark's
+                row.benchmark_samples_per_s = entry.samples_per_s
+                row.save(update_fields=["benchmark_samples_per_s"])
             counts["kept"] += 1
             continue
         EntryRow.objects.update_or_create(
             job_class=entry.job_class,
             flavor=entry.flavor,
             devices=entry.devices,
-            defaults={"samples_per_s": entry.samples_per_s, "source": entry.source.value, "samples": entry.samples},
+            defaults={
+                "samples_per_s": entry.samples_per_s,
+                "source": entry.source.value,
+                "samples": entry.samples,
+                "benchmark_samples_per_s": entry.samples_per_s if entry.source == Source.BENCHMARK else None,
+            },
         )
         counts["stored"] += 1
     return counts
 
 
-def learn(job_class: str, flavor: str, devices: int, samples_per_s: float) -> None:
-    """Fold one observation into (class, flavor, devices): one UPDATE, an INSERT the first time.
+def learn(job_id: int, job_class: str, flavor: str, devices: int, samples_per_s: float) -> None:
+    """Fold one job's observation into its own figure, and the shared entry into the median of jobs.
 
-    The update is ``runtime.throughput.observation_weight`` in SQL: over a measured figure with n
-    observations, ``w = max(LEARNING_WEIGHT, 1 / (n + 1))`` and the figure becomes
-    ``(1 - w) * old + w * observed``; over a benchmark figure the observation replaces it.
+    The job's own figure follows ``runtime.throughput.observation_weight``: the observation itself the
+    first time, then ``w = max(LEARNING_WEIGHT, 1 / (n + 1))`` of it over n earlier ones. The entry of
+    (class, flavor, devices) becomes the median of the most recent ``RECENT_JOBS`` jobs' figures, and
+    rests on their observations: one job, whose telemetry is untrusted, is one vote. A figure above
+    what the flavor can do (``ceilings``) is refused before it gets here; it is clamped here too.
     """
-    measured = ThroughputSource.MEASURED
-    weight = Greatest(
-        Value(LEARNING_WEIGHT, output_field=FloatField()),
-        Value(1.0, output_field=FloatField()) / (Cast(F("samples"), FloatField()) + Value(1.0)),
-        output_field=FloatField(),
-    )
-    observed = Value(float(samples_per_s), output_field=FloatField())
-    blended = (Value(1.0) - weight) * F("samples_per_s") + weight * observed
     key = {"job_class": job_class, "flavor": flavor, "devices": devices}
-    changes: dict[str, Any] = {
-        "samples_per_s": Case(When(source=measured, then=blended), default=observed, output_field=FloatField()),
-        "samples": Case(When(source=measured, then=F("samples") + 1), default=Value(1), output_field=IntegerField()),
-        "source": measured,
-        "updated_at": Now(),  # QuerySet.update skips auto_now
-    }
-    if EntryRow.objects.filter(**key).update(**changes):
+    ceiling = devices * ceilings(job_class, {flavor})[flavor]
+    observed = min(float(samples_per_s), ceiling)
+    if not observed > 0:
         return
-    try:
-        with transaction.atomic():  # a savepoint: a lost race must not spoil the caller's transaction
-            EntryRow.objects.create(**key, samples_per_s=float(samples_per_s), source=measured, samples=1)
-    except IntegrityError:
-        EntryRow.objects.filter(**key).update(**changes)  # another batch created it a moment ago
+    with transaction.atomic():
+        entry = locks.throughput_entries(EntryRow.objects.filter(**key)).first()
+        mine = locks.throughput_observations(ObservationRow.objects.filter(job_id=job_id, **key)).first()
+        if mine is None:
+            mine = ObservationRow(job_id=job_id, **key, samples_per_s=observed, samples=1)
+        else:
+            weight = max(LEARNING_WEIGHT, 1.0 / (mine.samples + 1))
+            mine.samples_per_s = (1.0 - weight) * mine.samples_per_s + weight * observed
+            mine.samples += 1
+        mine.save()
+        recent = list(
+            ObservationRow.objects.filter(**key)
+            .order_by("-updated_at", "-pk")
+            .values_list("samples_per_s", "samples")[:RECENT_JOBS]
+        )
+        figure = robust_figure([rate for rate, _ in recent])
+        rests_on = sum(n for _, n in recent)
+        if entry is None:
+            try:
+                with transaction.atomic():  # a savepoint: a lost race must not spoil this transaction
+                    EntryRow.objects.create(
+                        **key, samples_per_s=figure, source=ThroughputSource.MEASURED, samples=rests_on
+                    )
+                    return
+            except IntegrityError:
+                entry = locks.throughput_entries(EntryRow.objects.filter(**key)).get()
+        entry.samples_per_s, entry.samples, entry.source = figure, rests_on, ThroughputSource.MEASURED
+        entry.save(update_fields=["samples_per_s", "samples", "source", "updated_at"])
+
+
+def ceilings(job_class: str, flavors: Iterable[str]) -> dict[str, float]:
+    """The most samples/s one device of each flavor can report for ``job_class``
+    (``runtime.throughput.per_device_ceiling``, over the stored benchmark entries)."""
+    rows = EntryRow.objects.filter(job_class=job_class, benchmark_samples_per_s__isnull=False)
+    benchmarks = [
+        ThroughputEntry(row.job_class, row.flavor, row.devices, row.benchmark_samples_per_s or 0.0, Source.BENCHMARK)
+        for row in rows
+    ]
+    peaks = peak_tflops()
+    return {flavor: per_device_ceiling(job_class, flavor, benchmarks, peaks) for flavor in set(flavors)}
 
 
 def learn_from_telemetry(job_id: int, job_class: str, rank_stats: Mapping[str, Any]) -> bool:
@@ -188,7 +223,7 @@ def learn_from_telemetry(job_id: int, job_class: str, rank_stats: Mapping[str, A
         if not rate or rate <= 0 or not step or step <= LEARN_AFTER_STEP or stats.get("flavor") != flavor:
             return False
         total += float(rate)
-    learn(job_class, flavor, len(placed), total)
+    learn(job_id, job_class, flavor, len(placed), total)
     return True
 
 

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group
 from django.db import IntegrityError, transaction
 from django.db.models import F, OuterRef, Prefetch, Subquery
 from django.utils import timezone
@@ -41,6 +41,8 @@ from tenants.quota_rules import QuotaSpec, amount_text
 
 TOKEN_PREFIX = "pc_"  # noqa: S105 (the public mark at the start of every token, not a secret)
 LAST_USE_RESOLUTION = timedelta(minutes=1)
+# The group of the accounts `polychip demo` creates; a production-like start refuses while one exists.
+DEMO_GROUP: Final = "polychip-demo"
 
 # What each role may do, and so the most a token of a member in that role may be given.
 ROLE_SCOPES: Final[dict[str, frozenset[str]]] = {
@@ -130,8 +132,13 @@ def known_flavors() -> set[str]:
 
 
 @transaction.atomic
-def ensure_tenant_with_user(*, slug: str, name: str, username: str, password: str, role: str = Role.OWNER) -> TenantRef:
-    """Create (or find) a tenant and a user who belongs to it; used by the demo and by tests."""
+def ensure_tenant_with_user(
+    *, slug: str, name: str, username: str, password: str, role: str = Role.OWNER, demo: bool = False
+) -> TenantRef:
+    """Create (or find) a tenant and a user who belongs to it; used by the demo and by tests.
+
+    `demo` marks the user as a demo account (`DEMO_GROUP`), which a production-like start refuses.
+    """
     tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name})
     user_model = get_user_model()
     user, created = user_model.objects.get_or_create(username=username)
@@ -139,7 +146,26 @@ def ensure_tenant_with_user(*, slug: str, name: str, username: str, password: st
         user.set_password(password)
         user.save(update_fields=["password"])
     Membership.objects.get_or_create(tenant=tenant, user=user, defaults={"role": role})
+    if demo:
+        mark_demo_user(username)
     return _ref(tenant)
+
+
+def mark_demo_user(username: str) -> None:
+    """Put an account in the demo group: only `polychip demo` makes such accounts."""
+    group, _ = Group.objects.get_or_create(name=DEMO_GROUP)
+    get_user_model().objects.get(username=username).groups.add(group)
+
+
+def set_password(username: str, password: str) -> None:
+    user = get_user_model().objects.get(username=username)
+    user.set_password(password)
+    user.save(update_fields=["password"])
+
+
+def demo_usernames() -> list[str]:
+    """Accounts the demo created: a production-like start refuses to run while any exists."""
+    return sorted(get_user_model().objects.filter(groups__name=DEMO_GROUP).values_list("username", flat=True))
 
 
 def _mint(

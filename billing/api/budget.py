@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -20,6 +19,7 @@ from rest_framework.views import APIView
 from billing import services as billing
 from billing.api.serializers import budget_json
 from controlplane.domain import Invalid
+from controlplane.parsers import StrictJSONParser
 from tenants.permissions import MANAGE, READ, RequireScope, request_tenant_id
 
 BUDGET_FIELDS = ("soft_budget", "hard_budget")
@@ -83,7 +83,7 @@ class BudgetView(APIView):
     """This month's spend (the ledger, usage not yet posted, devices held now) against the budgets."""
 
     permission_classes = [RequireScope]
-    parser_classes = [JSONParser]
+    parser_classes = [StrictJSONParser]
     method_scopes = {"GET": READ, "PUT": MANAGE}
 
     # Refusals are answered by controlplane.errors: a bad amount 400 naming the field, usage of a flavor

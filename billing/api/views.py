@@ -21,7 +21,6 @@ from django.http import StreamingHttpResponse
 from rest_framework import status
 from rest_framework.exceptions import APIException, NotFound
 from rest_framework.negotiation import DefaultContentNegotiation
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -30,6 +29,7 @@ from rest_framework.views import APIView
 from billing import services
 from billing.api import serializers as out
 from billing.models import Invoice, LedgerEntry
+from controlplane.parsers import StrictJSONParser
 from tenants.permissions import IsOperator, RequireScope, request_tenant_id
 
 FORMATS = ("json", "csv")
@@ -61,7 +61,7 @@ class JsonAnswers(DefaultContentNegotiation):
 
 class _BillingView(APIView):
     content_negotiation_class = JsonAnswers
-    parser_classes = [JSONParser]
+    parser_classes = [StrictJSONParser]
 
 
 def export_format(request: Request) -> str:
@@ -91,12 +91,18 @@ def _period(text: Any) -> date:
         raise BadParameter(exc.field or "period", str(exc)) from None
 
 
+# Offsets and the like: far past any table's size, and within a C long for itertools.islice.
+MAX_QUERY_NUMBER = 10**15
+
+
 def _whole_number(request: Request, name: str, default: int, *, low: int, high: int | None = None) -> int:
     text = request.query_params.get(name)
     if text is None or text == "":
         return default
-    bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
-    if not (text.isascii() and text.isdigit()) or int(text) < low or (high is not None and int(text) > high):
+    high = MAX_QUERY_NUMBER if high is None else high
+    bound = f"from {low} to {high}"
+    # The length first: int() of thousands of digits is refused by Python itself (a 500, not a 400).
+    if not (text.isascii() and text.isdigit()) or len(text) > 18 or not low <= int(text) <= high:
         raise BadParameter(name, f"must be a whole number {bound}, got {text!r}")
     return int(text)
 

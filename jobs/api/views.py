@@ -6,13 +6,13 @@ from decimal import Decimal
 from typing import Any
 
 from rest_framework import status
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import services as billing
+from controlplane.parsers import StrictJSONParser
 from jobs import services
 from jobs.contracts import (
     event_json,
@@ -110,15 +110,16 @@ class TelemetryIngestView(APIView):
 
     authentication_classes: list[Any] = []
     permission_classes = [AllowAny]
-    parser_classes = [JSONParser]
+    parser_classes = [StrictJSONParser]
 
     def post(self, request: Request, job_id: int) -> Response:
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+        token = credential.strip() if scheme == "Bearer" else ""
+        # The token first: the route is open to anyone, so a body is read only for its own job's worker.
+        services.check_ingest_token(job_id=job_id, token=token)
         body = request.data if isinstance(request.data, dict) else {}
         events = parse_events(body.get("events"))
-        applied = services.ingest_telemetry(
-            job_id=job_id, token=token.strip() if scheme == "Bearer" else "", events=events
-        )
+        applied = services.ingest_telemetry(job_id=job_id, token=token, events=events)
         return Response({"applied": applied})
 
 

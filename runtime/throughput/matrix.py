@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from runtime.scheduling.model import MILLI
+from runtime.throughput.bounds import bounded_ratio
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,13 @@ class ThroughputMatrix:
         ref = self.reference_flavor
         measured_here = self.measured.get((job_class, flavor))
         measured_ref = self.measured.get((job_class, ref))
-        if measured_here is not None and measured_ref:
-            return Rate(job_class, flavor, max(1, round(MILLI * measured_here / measured_ref)), estimated=False)
         peak = self.peak_tflops.get(flavor)
+        if measured_here is not None and measured_ref:
+            ratio = measured_here / measured_ref
+            if peak:
+                # Measured figures come from telemetry: held near what the peak figures say (bounds).
+                ratio = bounded_ratio(ratio, peak / self.peak_tflops[ref])
+            return Rate(job_class, flavor, max(1, round(MILLI * ratio)), estimated=False)
         if peak is None:
             # An unknown flavor is charged as one reference device: never free, never a surprise.
             return Rate(job_class, flavor, MILLI, estimated=True)

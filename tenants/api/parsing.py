@@ -198,6 +198,10 @@ def token_request(data: Any, *, now: datetime) -> TokenRequest:
             raise InvalidInput("expires_at", "needs a time zone, e.g. a trailing Z for UTC")
         if parsed <= now:
             raise InvalidInput("expires_at", "must be in the future")
+        if parsed > now + timedelta(days=MAX_TOKEN_DAYS):
+            raise InvalidInput(
+                "expires_at", f"must be within {MAX_TOKEN_DAYS} days from now (the longest a token lives), got {at!r}"
+            )
         expires_at = parsed
     return TokenRequest(name=name, scopes=tuple(dict.fromkeys(scopes)), expires_at=expires_at)
 

@@ -14,11 +14,11 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import status
 from rest_framework.exceptions import NotAuthenticated
-from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.parsers import StrictJSONParser
 from tenants import services
 from tenants.api import parsing
 from tenants.contracts import CohortView, QuotaView, TenantView, TokenView
@@ -83,7 +83,7 @@ def tenant_json(tenant: TenantView) -> dict[str, Any]:
 
 
 class _JsonView(APIView):
-    parser_classes = [JSONParser]
+    parser_classes = [StrictJSONParser]
 
 
 # --- tokens (a tenant's own; scope manage) -----------------------------------------------------

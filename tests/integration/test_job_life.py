@@ -236,3 +236,16 @@ def test_a_websocket_without_a_session_is_refused(stack):
     with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
         asyncio.run(connect())
     assert refused.value.response.status_code == 403
+
+
+def test_up_creates_no_account(stack, stack_var):
+    """Issue 17: `polychip up` (this module's stack) makes no user, so no password anyone could know."""
+    from django.contrib.auth import get_user_model
+
+    from tenants import services
+
+    assert not (stack_var / "demo-token").exists()
+    assert not (stack_var / "demo-password").exists()
+    assert not (stack_var / "operator-password").exists()
+    assert not get_user_model().objects.filter(username__in=["demo", "operator"]).exists()
+    assert services.demo_usernames() == []

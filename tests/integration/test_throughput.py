@@ -9,7 +9,7 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs import services, throughput
-from jobs.models import Allocation, Device, JobState, ThroughputEntry, TrainingJob
+from jobs.models import Allocation, Device, JobState, ThroughputEntry, ThroughputObservation, TrainingJob
 from runtime.jobspec import parse_job_spec
 from runtime.throughput import LEARNING_WEIGHT, Source
 from runtime.throughput import ThroughputEntry as Entry
@@ -77,8 +77,8 @@ def test_a_single_flavor_job_teaches_the_table(tenants, pool):
     row.refresh_from_db()
     assert (row.samples, row.samples_per_s) == (2, pytest.approx((650.0 + 700.0) / 2))
 
-    # The SQL update follows the pure rule: the moving average once there are enough observations.
-    ThroughputEntry.objects.filter(pk=row.pk).update(samples=50, samples_per_s=600.0)
+    # The job's own figure follows the pure rule: the moving average once there are enough observations.
+    ThroughputObservation.objects.filter(job=job).update(samples=50, samples_per_s=600.0)
     post(job, [step(1, 7, "tpu-v4", 400.0), step(0, 7, "tpu-v4", 400.0)])
     row.refresh_from_db()
     assert row.samples_per_s == pytest.approx((1 - LEARNING_WEIGHT) * 600.0 + LEARNING_WEIGHT * 800.0)
@@ -104,7 +104,8 @@ def test_the_api_lists_entries_and_admission_prices_from_them(tenants, pool):
             Entry("resnet-small", "h100-sxm", 1, 250.0, Source.BENCHMARK, 20),
         ]
     )
-    throughput.learn("resnet-small", "h100-sxm", 2, 480.0)
+    job = running_on(tenants[1].id, devices_of("tpu-v4", 1))
+    throughput.learn(job.pk, "resnet-small", "h100-sxm", 2, 480.0)
     body = client.get("/api/v1/throughput?job_class=resnet-small").json()
     assert [(e["flavor"], e["devices"], e["source"]) for e in body["entries"]] == [
         ("a100-sxm", 1, "benchmark"),
@@ -158,7 +159,7 @@ def test_learning_moves_updated_at(tenants, pool):
     throughput.store_benchmarks([Entry("synthetic-mlp", "tpu-v4", 2, 500.0, Source.BENCHMARK, 40)])
     long_ago = timezone.now() - timedelta(days=3)
     ThroughputEntry.objects.update(updated_at=long_ago)  # update() leaves auto_now alone
-    throughput.learn("synthetic-mlp", "tpu-v4", 2, 640.0)
+    throughput.learn(running_on(tenants[0].id, devices_of("tpu-v4", 1)).pk, "synthetic-mlp", "tpu-v4", 2, 640.0)
     row = ThroughputEntry.objects.get()
     assert row.samples_per_s == 640.0
     assert row.updated_at > long_ago + timedelta(days=2)

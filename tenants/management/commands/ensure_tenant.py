@@ -1,26 +1,35 @@
 from __future__ import annotations
 
-import os
+import secrets
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tenants import services
+from tenants.management.secret_files import write_secret
 from tenants.models import NAU_RESOURCE
 from tenants.quota_rules import QuotaSpec
 
 
 class Command(BaseCommand):
-    help = "Create a tenant with a user (if missing) and issue an API token, written to a file."
+    help = (
+        "Create a tenant with a user (if missing) and issue an API token, written to a file. The user's "
+        "password is random, written to --password-file (mode 0600); there is no default password."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--slug", default="demo")
         parser.add_argument("--name", default="Demo Lab")
         parser.add_argument("--user", default="demo")
-        parser.add_argument("--password", default="demo-password")
+        parser.add_argument("--password-file", required=True, help="where to write the user's new password (0600)")
         parser.add_argument("--token-file", required=True, help="where to write the new token (mode 0600)")
+        parser.add_argument(
+            "--demo",
+            action="store_true",
+            help="mark the user as a demo account: a production-like start refuses to run while one exists",
+        )
         parser.add_argument(
             "--nau-quota",
             type=Decimal,
@@ -29,15 +38,25 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        password_file = Path(options["password_file"])
+        if password_file.resolve() == Path(options["token_file"]).resolve():
+            raise CommandError("--password-file and --token-file must be different files")
+        password = secrets.token_urlsafe(12)
         tenant = services.ensure_tenant_with_user(
-            slug=options["slug"], name=options["name"], username=options["user"], password=options["password"]
+            slug=options["slug"],
+            name=options["name"],
+            username=options["user"],
+            password=password,
+            demo=options["demo"],
         )
+        # A new password each time, so the file always holds the one that works.
+        services.set_password(options["user"], password)
+        write_secret(password_file, password)
         if options["nau_quota"] is not None and not services.get_tenant(tenant.id).quotas:
             services.set_quota(tenant.id, QuotaSpec(resource=NAU_RESOURCE, nominal=options["nau_quota"]))
         token = services.issue_token(tenant_id=tenant.id, username=options["user"], name="demo CLI", replace=True)
-        path = Path(options["token_file"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(token.secret + "\n")
-        self.stdout.write(f"tenant {tenant.slug}: user {options['user']}, token written to {path}")
+        write_secret(Path(options["token_file"]), token.secret)
+        self.stdout.write(
+            f"tenant {tenant.slug}: user {options['user']}, password written to {password_file}, "
+            f"token written to {options['token_file']}"
+        )
