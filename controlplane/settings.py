@@ -76,6 +76,26 @@ def production_like(environ: Mapping[str, str], debug: bool) -> bool:
 PRODUCTION_LIKE = production_like(os.environ, DEBUG)
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
 
+# --- HTTPS ------------------------------------------------------------------------------------
+# The production profile (POLYCHIP_ENV=production) serves over HTTPS only: redirect, HSTS for a year,
+# cookies sent over HTTPS only. Each setting can be changed from the environment; behind a proxy that
+# ends TLS, POLYCHIP_BEHIND_TLS_PROXY=1 trusts its X-Forwarded-Proto. `manage.py check --deploy` is
+# clean under this profile (tests/security/test_deploy_settings.py runs it).
+HTTPS_PROFILE = os.environ.get("POLYCHIP_ENV", "").strip().lower() == "production"
+SECURE_SSL_REDIRECT = env_bool("POLYCHIP_SECURE_SSL_REDIRECT", HTTPS_PROFILE)
+SECURE_HSTS_SECONDS = int(os.environ.get("POLYCHIP_HSTS_SECONDS", "31536000" if HTTPS_PROFILE else "0"))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("POLYCHIP_HSTS_INCLUDE_SUBDOMAINS", HTTPS_PROFILE)
+# The preload directive lets the domain be submitted to browsers' preload lists; nothing submits it.
+SECURE_HSTS_PRELOAD = env_bool("POLYCHIP_HSTS_PRELOAD", HTTPS_PROFILE)
+SESSION_COOKIE_SECURE = env_bool("POLYCHIP_SECURE_COOKIES", HTTPS_PROFILE)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SESSION_COOKIE_HTTPONLY = True
+if env_bool("POLYCHIP_BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Public origins of a proxy in front of Polychip (https://polychip.example.com), for CSRF and the
+# WebSocket's origin check.
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in os.environ.get("POLYCHIP_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -237,6 +257,15 @@ CHANNEL_LAYERS = {
 }
 
 # --- Polychip -----------------------------------------------------------------------------
+# The largest request body any route takes (413 beyond it, before Django buffers it: body_limit.py),
+# and larger limits for routes that take uploads, as "path-prefix=bytes,..." (none yet).
+POLYCHIP_MAX_REQUEST_BYTES = int(os.environ.get("POLYCHIP_MAX_REQUEST_BYTES", str(4 * 1024 * 1024)))
+POLYCHIP_UPLOAD_LIMITS = {
+    prefix.strip(): int(size)
+    for prefix, _, size in (
+        item.partition("=") for item in os.environ.get("POLYCHIP_UPLOAD_LIMITS", "").split(",") if "=" in item
+    )
+}
 POLYCHIP_BACKEND = os.environ.get("POLYCHIP_BACKEND", "local")
 POLYCHIP_POOL_FILE = os.environ.get("POLYCHIP_POOL_FILE", str(BASE_DIR / "runtime" / "pools" / "demo.yaml"))
 POLYCHIP_RUNS_DIR = Path(os.environ.get("POLYCHIP_RUNS_DIR", VAR_DIR / "runs"))
