@@ -27,6 +27,7 @@ from typing import Any
 import requests
 import yaml
 
+from runtime.backends.local.backend import LocalBackend
 from runtime.backends.local.procs import pid_alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,6 +192,11 @@ def cmd_down(args: argparse.Namespace | None = None) -> None:
         if _alive(pid):
             os.killpg(pid, signal.SIGKILL)
         print(f"• stopped {name} (pid {pid})")
+    # The jobs' processes run in sessions of their own (they outlive a worker restart): stop them too,
+    # each run as its teardown does (SIGTERM, then SIGKILL), and wait until they are gone.
+    runs = Path(os.environ.get("POLYCHIP_RUNS_DIR", var_dir() / "runs"))
+    for run_dir in LocalBackend(runs, profiles={}).tear_down_every_run():
+        print(f"• stopped the job processes of {Path(run_dir).name}")
 
 
 def cmd_status(args: argparse.Namespace) -> None:

@@ -11,6 +11,7 @@ import os
 import secrets
 import time
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -105,6 +106,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "channels",
+    "axes",
     "tenants",
     "billing",
     "jobs",
@@ -121,7 +123,39 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    # Last, as django-axes asks: it turns a locked-out sign-in into a 429.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# --- Sign-in lockout (django-axes, controlplane/auth.py) ------------------------------------
+AUTHENTICATION_BACKENDS = ["controlplane.auth.LockoutBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = int(os.environ.get("POLYCHIP_LOGIN_FAILURE_LIMIT", "10"))
+# Per account and per address, each on its own: guessing one password from many addresses, or many
+# accounts' from one, both stop at the limit.
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("POLYCHIP_LOGIN_COOLOFF_MINUTES", "15")))
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+
+# --- Content-Security-Policy (django-csp) on every page ------------------------------------
+# Scripts, styles, images and connections (the WebSocket included) only from this origin; no
+# framing; no plugins. Inline style attributes stay allowed (the quota and budget bars set their
+# widths with them); inline scripts do not.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "style-src-attr": ["'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 ROOT_URLCONF = "controlplane.urls"
 ASGI_APPLICATION = "controlplane.asgi.application"
@@ -190,6 +224,16 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
     ],
     "EXCEPTION_HANDLER": "controlplane.errors.exception_handler",
+    # 429 with Retry-After past these rates (controlplane/throttles.py); the ingest route has its own.
+    "DEFAULT_THROTTLE_CLASSES": [
+        "controlplane.throttles.PerTokenThrottle",
+        "controlplane.throttles.PerAddressThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "token": os.environ.get("POLYCHIP_RATE_PER_TOKEN", "1200/min"),
+        "address": os.environ.get("POLYCHIP_RATE_PER_ADDRESS", "3000/min"),
+        "ingest": os.environ.get("POLYCHIP_RATE_INGEST_PER_JOB", "30000/min"),
+    },
     "UNAUTHENTICATED_USER": None,
 }
 
@@ -248,6 +292,16 @@ POLYCHIP_INVOICE_FINALIZE_DAY = int(os.environ.get("POLYCHIP_INVOICE_FINALIZE_DA
 
 # --- Channels -----------------------------------------------------------------------------
 CHANNEL_REDIS_URL = os.environ.get("CHANNEL_REDIS_URL", "")
+# The cache holds the API's throttle counts: per process on the embedded default, shared through
+# Redis when POLYCHIP_CACHE_URL names one (several server processes then count together).
+CACHE_URL = os.environ.get("POLYCHIP_CACHE_URL", "")
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}
+        if CACHE_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
 CHANNEL_LAYERS = {
     "default": (
         {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [CHANNEL_REDIS_URL]}}
@@ -257,6 +311,12 @@ CHANNEL_LAYERS = {
 }
 
 # --- Polychip -----------------------------------------------------------------------------
+# The most jobs one tenant may have waiting at once, unless an operator sets the tenant's own
+# (max_queued_jobs); a submission past it is refused (409 queue_full) and changes nothing.
+POLYCHIP_MAX_QUEUED_JOBS = int(os.environ.get("POLYCHIP_MAX_QUEUED_JOBS", "1000"))
+# An admission cycle weighs at most this many of each tenant's waiting jobs (by priority, then age):
+# its cost grows with what can be admitted, not with the length of one tenant's queue.
+POLYCHIP_ADMISSION_WINDOW_PER_TENANT = int(os.environ.get("POLYCHIP_ADMISSION_WINDOW_PER_TENANT", "64"))
 # The largest request body any route takes (413 beyond it, before Django buffers it: body_limit.py),
 # and larger limits for routes that take uploads, as "path-prefix=bytes,..." (none yet).
 POLYCHIP_MAX_REQUEST_BYTES = int(os.environ.get("POLYCHIP_MAX_REQUEST_BYTES", str(4 * 1024 * 1024)))
@@ -276,6 +336,9 @@ POLYCHIP_PUBLIC_URL = os.environ.get("POLYCHIP_PUBLIC_URL", "http://127.0.0.1:80
 # heartbeat every second; the local backend's supervisor also watches each rank's heartbeat itself
 # and reports a silent rank within seconds, so this is the last resort (a whole host gone).
 POLYCHIP_HEARTBEAT_TIMEOUT_S = float(os.environ.get("POLYCHIP_HEARTBEAT_TIMEOUT_S", "20"))
+# Until an attempt's first telemetry its ranks are starting (importing torch, rendezvous), which on a
+# loaded host takes minutes: they get this long before the silence counts.
+POLYCHIP_STARTUP_GRACE_S = float(os.environ.get("POLYCHIP_STARTUP_GRACE_S", "300"))
 # Where jobs' checkpoints go, one folder (or prefix) per job: a directory (file:///...) or an
 # S3-compatible bucket, s3://bucket/prefix[?endpoint=http://host:port] (pip install polychip[s3]).
 POLYCHIP_CHECKPOINT_URL = os.environ.get("POLYCHIP_CHECKPOINT_URL", f"file://{VAR_DIR / 'checkpoints'}")

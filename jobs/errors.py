@@ -27,3 +27,9 @@ class TelemetryRejected(domain.Forbidden, PermissionError):
 
 class UnknownDevices(domain.NotFound, LookupError):
     """A device or node that the pool does not have."""
+
+
+class QueueFull(domain.Conflict):
+    """The tenant already has as many jobs waiting as it may (``tenants.services.queued_jobs_cap``)."""
+
+    code = "queue_full"

@@ -19,13 +19,14 @@ from django.utils import timezone
 
 from jobs import dispatch, locks, recovery, throughput, transitions
 from jobs.backends import get_backend
-from jobs.errors import InvalidTransition, JobNotFound
+from jobs.errors import InvalidTransition, JobNotFound, QueueFull
 from jobs.finishing import finish_job
 from jobs.models import TERMINAL_STATES, Flavor, JobAttempt, JobEvent, JobState, TrainingJob
 from jobs.pool import untorn_attempts
 from jobs.runs import checkpoint_url, ingest_token, run_key
 from runtime.backends.base import Backend, LaunchRequest, Phase, RankPlacement
 from runtime.jobspec import JobSpec
+from tenants import services as tenants
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,15 @@ STOP_BEFORE_TEARDOWN_S = 20.0
 
 
 def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> TrainingJob:
+    cap = tenants.queued_jobs_cap(tenant_id)
+    # A soft cap: two submissions at the same instant may both see room for one. It is there so that
+    # one tenant cannot queue without end, not to count exactly.
+    waiting = TrainingJob.objects.filter(tenant_id=tenant_id, state=JobState.QUEUED).count()
+    if waiting >= cap:
+        raise QueueFull(
+            f"the tenant has {waiting} jobs waiting, the most it may have (an operator sets it per tenant); "
+            "wait for some to start, or cancel some"
+        )
     with transaction.atomic():
         job = TrainingJob.objects.create(
             tenant_id=tenant_id,
@@ -154,7 +164,8 @@ def provision_job(job_id: int) -> bool:
             attempt=number,
             message=f"launched on the {backend.name} backend",
             started_at=timezone.now(),
-            last_heartbeat_at=timezone.now(),
+            # None until this attempt's workers speak: until then the start-up grace applies, not liveness.
+            last_heartbeat_at=None,
         )
         run = locks.attempt(job_id, number)
         if run is not None and run.backend_handle is None:
@@ -275,12 +286,28 @@ def observe_job(job_id: int) -> str:
     elif observation.phase == Phase.FAILED or observation.failure is not None:
         # A failed rank is news as soon as the backend sees it, before the rest of the run is down.
         recovery.handle_failure(job_id, job.attempt, observation)
-    elif job.last_heartbeat_at and timezone.now() - job.last_heartbeat_at > timedelta(
-        seconds=settings.POLYCHIP_HEARTBEAT_TIMEOUT_S
-    ):
-        timeout = settings.POLYCHIP_HEARTBEAT_TIMEOUT_S
-        recovery.handle_failure(job_id, job.attempt, None, reason=f"no telemetry from the job for {timeout:.0f} s")
+    elif (reason := _silence(job)) is not None:
+        recovery.handle_failure(job_id, job.attempt, None, reason=reason)
     return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
+
+
+def _silence(job: TrainingJob) -> str | None:
+    """Why a running attempt counts as gone for want of telemetry, or None.
+
+    Start-up and liveness are different clocks: until the attempt's first telemetry its ranks are
+    starting (importing torch, rendezvous), which on a loaded host takes long, so they get the
+    start-up grace; after it, silence for the heartbeat timeout means the job is gone.
+    """
+    now = timezone.now()
+    if job.last_heartbeat_at is None:
+        grace = settings.POLYCHIP_STARTUP_GRACE_S
+        if job.started_at is not None and now - job.started_at > timedelta(seconds=grace):
+            return f"no telemetry from the job within its {grace:.0f} s start-up grace (the ranks never reported)"
+        return None
+    timeout = settings.POLYCHIP_HEARTBEAT_TIMEOUT_S
+    if now - job.last_heartbeat_at > timedelta(seconds=timeout):
+        return f"no telemetry from the job for {timeout:.0f} s (liveness; it had been reporting)"
+    return None
 
 
 def running_job_ids() -> list[int]:

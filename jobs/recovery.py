@@ -107,7 +107,9 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
             },
         )
         failed_ids: frozenset[str] = frozenset()
-        if failure is not None and failure.device_suspect and device is not None:
+        # A death after the platform asked this attempt to stop (a move, a drain) is the platform's.
+        stopped_by_us = run is not None and run.stop_asked_at is not None
+        if failure is not None and failure.device_suspect and device is not None and not stopped_by_us:
             set_device_health([device.device_id], DeviceHealth.FAILED, by="recovery")
             failed_ids = frozenset({device.device_id})
             transitions.record_event(

@@ -9,7 +9,8 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import F, Q, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from jobs.metering import charge
@@ -81,9 +82,21 @@ def holding_jobs(rates: Mapping[tuple[str, str], int]) -> list[AdmittedJob]:
 
 
 def pending_jobs() -> list[PendingJob]:
+    """Each tenant's first ``POLYCHIP_ADMISSION_WINDOW_PER_TENANT`` waiting jobs, by priority then age.
+
+    A cycle cannot admit more of one tenant's jobs than there are free devices, and best-effort FIFO
+    looks past a blocked job only this far: the rest wait their turn, so the cycle's cost grows with
+    the number of tenants, not with one tenant's queue (10,000 jobs of one tenant used to make every
+    tenant's cycle fifteen times slower).
+    """
     # Two required fields of the stored spec (``JobSpec.to_dict``), read in SQL: a cycle reads
     # thousands of waiting jobs and needs nothing else of their specs.
-    rows = TrainingJob.objects.filter(state=JobState.QUEUED).values_list(
+    place = Window(
+        RowNumber(), partition_by=[F("tenant_id")], order_by=[F("priority").desc(), F("created_at"), F("pk")]
+    )
+    window = settings.POLYCHIP_ADMISSION_WINDOW_PER_TENANT
+    queued = TrainingJob.objects.filter(state=JobState.QUEUED).annotate(place=place).filter(place__lte=window)
+    rows = queued.values_list(
         "pk", "tenant_id", "priority", "created_at", "spec__devices", "spec__flavors", "job_class"
     )
     return [

@@ -73,7 +73,7 @@ class CohortAdmin(admin.ModelAdmin):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("slug", "name", "cohort", "fair_share_weight", "created_at")
+    list_display = ("slug", "name", "cohort", "fair_share_weight", "max_queued_jobs", "created_at")
     list_filter = ("cohort",)
     list_select_related = ("cohort",)
     search_fields = ("slug", "name")

@@ -85,6 +85,7 @@ class TenantView:
     fair_share_weight: Decimal
     created_at: datetime
     quotas: tuple[QuotaView, ...]
+    max_queued_jobs: int | None = None  # None: the cloud's default (POLYCHIP_MAX_QUEUED_JOBS)
 
 
 class QuotaLimits(NamedTuple):

@@ -36,6 +36,8 @@ class Tenant(models.Model):
     cohort = models.ForeignKey(Cohort, null=True, blank=True, on_delete=models.PROTECT, related_name="tenants")
     # Fair sharing divides a tenant's share by its weight: weight 2 is entitled to twice as much.
     fair_share_weight = models.DecimalField(max_digits=6, decimal_places=3, default=Decimal("1"))
+    # The most jobs the tenant may have waiting at once; None: settings.POLYCHIP_MAX_QUEUED_JOBS.
+    max_queued_jobs = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group
 from django.db import IntegrityError, transaction
@@ -429,6 +430,7 @@ def _tenant_view(tenant: Tenant) -> TenantView:
         fair_share_weight=tenant.fair_share_weight,
         created_at=tenant.created_at,
         quotas=tuple(_quota_view(q) for q in sorted(tenant.quotas.all(), key=lambda q: q.resource)),
+        max_queued_jobs=tenant.max_queued_jobs,
     )
 
 
@@ -445,6 +447,12 @@ def get_tenant(tenant_id: int) -> TenantView:
     if tenant is None:
         raise NotFound(f"no tenant {tenant_id}")
     return _tenant_view(tenant)
+
+
+def queued_jobs_cap(tenant_id: int) -> int:
+    """The most jobs the tenant may have waiting at once: its own setting, else the cloud's default."""
+    own = Tenant.objects.filter(pk=tenant_id).values_list("max_queued_jobs", flat=True).first()
+    return int(own) if own is not None else int(settings.POLYCHIP_MAX_QUEUED_JOBS)
 
 
 def tenant_id_for_slug(slug: str) -> int | None:
@@ -466,7 +474,12 @@ def _find_cohort(ref: int | str, field: str = "cohort") -> Cohort:
 
 @transaction.atomic
 def create_tenant(
-    *, slug: str, name: str, cohort: int | str | None = None, fair_share_weight: Decimal = Decimal(1)
+    *,
+    slug: str,
+    name: str,
+    cohort: int | str | None = None,
+    fair_share_weight: Decimal = Decimal(1),
+    max_queued_jobs: int | None = None,
 ) -> TenantView:
     """A new tenant, without members or quotas (it may join a cohort at once: it lends nothing yet)."""
     if Tenant.objects.filter(slug=slug).exists():
@@ -474,7 +487,13 @@ def create_tenant(
     cohort_obj = _find_cohort(cohort) if cohort is not None else None
     try:
         with transaction.atomic():
-            tenant = Tenant.objects.create(slug=slug, name=name, cohort=cohort_obj, fair_share_weight=fair_share_weight)
+            tenant = Tenant.objects.create(
+                slug=slug,
+                name=name,
+                cohort=cohort_obj,
+                fair_share_weight=fair_share_weight,
+                max_queued_jobs=max_queued_jobs,
+            )
     except IntegrityError:
         raise Conflict("slug", f"a tenant with slug {slug!r} exists; pick another") from None
     return get_tenant(tenant.pk)
@@ -495,6 +514,7 @@ def update_tenant(
     name: str | _Unchanged = UNCHANGED,
     cohort: int | str | _Unchanged | None = UNCHANGED,
     fair_share_weight: Decimal | _Unchanged = UNCHANGED,
+    max_queued_jobs: int | _Unchanged | None = UNCHANGED,
 ) -> TenantView:
     """Rename, reweigh or move a tenant to another cohort (or none).
 
@@ -509,6 +529,9 @@ def update_tenant(
     if not isinstance(fair_share_weight, _Unchanged):
         tenant.fair_share_weight = fair_share_weight
         fields.append("fair_share_weight")
+    if not isinstance(max_queued_jobs, _Unchanged):
+        tenant.max_queued_jobs = max_queued_jobs
+        fields.append("max_queued_jobs")
     if not isinstance(cohort, _Unchanged):
         new_cohort = _find_cohort(cohort) if cohort is not None else None
         new_id = new_cohort.pk if new_cohort else None

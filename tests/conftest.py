@@ -53,6 +53,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
 
 
+@pytest.fixture(autouse=True)
+def _fresh_throttle_counts() -> None:
+    """The API's throttle counts live in the process's cache: each test starts with none of them."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 @dataclass(frozen=True)
 class TenantFixture:
     id: int

@@ -27,7 +27,7 @@ from tests.processes import processes_mentioning
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -39,33 +39,49 @@ def stack_var(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("var")
 
 
-@pytest.fixture(scope="module")
-def stack(django_db_setup: Any, django_db_blocker: Any, stack_var: Path) -> Iterator[str]:
+def stack_env(stack_var: Path, port: int) -> dict[str, str]:
+    """The environment of a stack on ``port`` against the test database pytest-django created."""
     from django.db import connection
 
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
     settings_dict = connection.settings_dict
-    env = dict(
+    return dict(
         os.environ,
         DATABASE_URL=(
             f"postgres://{settings_dict['USER']}@{settings_dict['HOST']}:{settings_dict['PORT']}/{settings_dict['NAME']}"
         ),
         POLYCHIP_VAR_DIR=str(stack_var),
-        POLYCHIP_PUBLIC_URL=url,
+        POLYCHIP_PUBLIC_URL=f"http://127.0.0.1:{port}",
         POLYCHIP_SWEEP_SECONDS="0.5",
         POLYCHIP_LOCAL_TELEMETRY_FILES="1",
     )
-    cli = [sys.executable, "-m", "controlplane.cli"]
+
+
+CLI = [sys.executable, "-m", "controlplane.cli"]
+
+
+def stack_up(env: dict[str, str], port: int) -> str:
+    subprocess.run([*CLI, "up", "--port", str(port)], env=env, cwd=ROOT, check=True, timeout=120)
+    return f"http://127.0.0.1:{port}"
+
+
+def stack_down(env: dict[str, str]) -> list[int]:
+    """`polychip down`; the pids of the stack's job processes that outlived it (there should be none)."""
+    subprocess.run([*CLI, "down"], env=env, cwd=ROOT, timeout=120)
+    return processes_mentioning(str(Path(env["POLYCHIP_VAR_DIR"]) / "runs"))
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup: Any, django_db_blocker: Any, stack_var: Path) -> Iterator[str]:
+    port = free_port()
+    env = stack_env(stack_var, port)
     with django_db_blocker.unblock():
-        subprocess.run([*cli, "up", "--port", str(port)], env=env, cwd=ROOT, check=True, timeout=120)
+        url = stack_up(env, port)
     try:
         yield url
     finally:
-        subprocess.run([*cli, "down"], env=env, cwd=ROOT, timeout=60)
-        # Jobs that a test left running (a 100,000-step job whose test ended at its first restart)
-        # would train on, detached, through the rest of the suite and slow every later test.
-        for pid in processes_mentioning(str(stack_var / "runs")):
+        # `down` stops the jobs the stack started (tests/integration/test_job_life.py checks it); a
+        # leftover here would train on, detached, through the rest of the suite and slow every test.
+        for pid in stack_down(env):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         logs = Path(env["POLYCHIP_VAR_DIR"]) / "log"

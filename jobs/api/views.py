@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from billing import services as billing
 from controlplane.parsers import StrictJSONParser
+from controlplane.throttles import PerJobIngestThrottle
 from jobs import services
 from jobs.contracts import (
     event_json,
@@ -110,6 +111,7 @@ class TelemetryIngestView(APIView):
 
     authentication_classes: list[Any] = []
     permission_classes = [AllowAny]
+    throttle_classes = [PerJobIngestThrottle]
     parser_classes = [StrictJSONParser]
 
     def post(self, request: Request, job_id: int) -> Response:

@@ -6,6 +6,7 @@ the one that provisioned, can observe or tear down the job.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -85,7 +86,14 @@ class Failure:
 
     @property
     def device_suspect(self) -> bool:
-        """Whether the device, not the program, is the likely cause: a crash or silence, not an exception."""
+        """Whether the device, not the program, is the likely cause: a crash or silence, not an exception.
+
+        A rank ended by SIGTERM was stopped on purpose (a teardown, an operator, the platform): that is
+        never evidence against its device. A second sweep could otherwise observe the SIGTERM of a
+        teardown that recovery started a moment before, and blame a healthy device for it.
+        """
+        if self.cause == "signal" and self.exit_code == -signal.SIGTERM:
+            return False
         return self.cause in ("signal", "heartbeat")
 
 

@@ -229,7 +229,8 @@ def cohort_ref(value: Any, field: str = "cohort") -> int | str | None:
 
 
 def tenant(data: Any, *, partial: bool) -> dict[str, Any]:
-    allowed = ("name", "cohort", "fair_share_weight") if partial else ("slug", "name", "cohort", "fair_share_weight")
+    editable = ("name", "cohort", "fair_share_weight", "max_queued_jobs")
+    allowed = editable if partial else ("slug", *editable)
     if partial and isinstance(data, Mapping) and "slug" in data:
         raise InvalidInput("slug", "a tenant's slug cannot change; create another tenant instead")
     raw = expect_object(data, allowed=allowed, required=() if partial else ("slug", "name"))
@@ -242,4 +243,18 @@ def tenant(data: Any, *, partial: bool) -> dict[str, Any]:
         out["cohort"] = cohort_ref(raw["cohort"])
     if "fair_share_weight" in raw:
         out["fair_share_weight"] = weight(raw["fair_share_weight"])
+    if "max_queued_jobs" in raw:
+        out["max_queued_jobs"] = queued_cap(raw["max_queued_jobs"])
     return out
+
+
+MAX_QUEUED_CAP = 1_000_000
+
+
+def queued_cap(value: Any, field: str = "max_queued_jobs") -> int | None:
+    """A tenant's cap on waiting jobs: a whole number, or null for the cloud's default."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_QUEUED_CAP:
+        raise InvalidInput(field, f"must be a whole number from 0 to {MAX_QUEUED_CAP}, or null for the default")
+    return value

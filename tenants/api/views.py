@@ -77,6 +77,7 @@ def tenant_json(tenant: TenantView) -> dict[str, Any]:
         "cohort": tenant.cohort,
         "cohort_id": tenant.cohort_id,
         "fair_share_weight": _amount(tenant.fair_share_weight),
+        "max_queued_jobs": tenant.max_queued_jobs,
         "quotas": [quota_json(q) for q in tenant.quotas],
         "created_at": _time(tenant.created_at),
     }

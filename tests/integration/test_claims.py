@@ -124,8 +124,8 @@ def test_a_running_job_whose_workers_go_silent_fails_and_is_torn_down(tenants, p
     failed = TrainingJob.objects.get(pk=job.id)
     timeout = settings.POLYCHIP_HEARTBEAT_TIMEOUT_S
     assert (
-        failed.failure_reason
-        == f"no telemetry from the job for {timeout:.0f} s; gave up after 0 restart(s) (max_restarts 0)"
+        failed.failure_reason == f"no telemetry from the job for {timeout:.0f} s (liveness; it had been reporting); "
+        "gave up after 0 restart(s) (max_restarts 0)"
     )
     assert UsageRecord.objects.filter(job_id=job.id).count() == 2
 
@@ -133,6 +133,28 @@ def test_a_running_job_whose_workers_go_silent_fails_and_is_torn_down(tenants, p
     assert run_of(job.id).torn_down_at is not None
     assert processes_mentioning(run_of(job.id).backend_handle["run_dir"]) == []
     assert services.untorn_job_ids() == []
+
+
+def test_ranks_still_starting_get_the_start_up_grace_not_the_liveness_timeout(tenants, pool, local_backend):
+    """Issue 17, item 14: on a loaded host ranks can sit in `import torch` past the liveness timeout."""
+    spec = parse_job_spec({**SPEC, "workload": {"steps": 100_000}, "max_restarts": 0})
+    job = services.submit_job(tenant_id=tenants[0].id, user_id=None, spec=spec)
+    services.admit_queued_jobs()
+    assert services.provision_job(job.id) is True
+    assert TrainingJob.objects.get(pk=job.id).last_heartbeat_at is None  # nothing heard yet
+
+    # Launched three liveness timeouts ago and still silent: starting, not gone.
+    launched = timezone.now() - timedelta(seconds=3 * settings.POLYCHIP_HEARTBEAT_TIMEOUT_S)
+    TrainingJob.objects.filter(pk=job.id).update(started_at=launched)
+    assert services.observe_job(job.id) == JobState.RUNNING
+
+    # Past the start-up grace, the reason says which clock ran out.
+    grace = settings.POLYCHIP_STARTUP_GRACE_S
+    TrainingJob.objects.filter(pk=job.id).update(started_at=timezone.now() - timedelta(seconds=grace + 1))
+    assert services.observe_job(job.id) == JobState.FAILED
+    reason = TrainingJob.objects.get(pk=job.id).failure_reason
+    assert reason.startswith(f"no telemetry from the job within its {grace:.0f} s start-up grace"), reason
+    services.teardown_job(job.id)
 
 
 def test_a_silent_job_with_restarts_left_is_frozen_and_placed_again(tenants, pool, local_backend):
@@ -157,7 +179,8 @@ def test_a_silent_job_with_restarts_left_is_frozen_and_placed_again(tenants, poo
     assert transitions[-2:] == [("running", "recovering"), ("recovering", "admitted")]
     messages = list(recovered.events.filter(kind="recovery").values_list("message", flat=True))
     assert messages == [
-        f"failure detected: no telemetry from the job for {settings.POLYCHIP_HEARTBEAT_TIMEOUT_S:.0f} s"
+        f"failure detected: no telemetry from the job for {settings.POLYCHIP_HEARTBEAT_TIMEOUT_S:.0f} s "
+        "(liveness; it had been reporting)"
     ]
     services.cancel_job(tenant_id=tenants[0].id, job_id=job.id)
 

@@ -177,3 +177,27 @@ def test_the_supervisor_outlives_its_provisioner_and_its_death_is_seen(
     assert wait_for(lambda: processes_mentioning(str(run_dir)) == [], timeout_s=20)
     backend.teardown(handle)
     assert "died without a final status" in backend.observe(handle).reason
+
+
+def test_a_busy_process_wants_cpu_and_a_stopped_one_does_not() -> None:
+    """The supervisor's starvation check (issue 17, item 14) on real processes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from runtime.backends.local.procs import wants_cpu
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while not wants_cpu(busy.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert wants_cpu(busy.pid)
+        busy.send_signal(signal.SIGSTOP)
+        time.sleep(0.2)
+        assert not wants_cpu(busy.pid)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert not wants_cpu(busy.pid)  # gone

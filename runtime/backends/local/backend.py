@@ -397,6 +397,16 @@ class LocalBackend:
             # live supervisor owns.
             netem.cleanup_stale()
 
+    def tear_down_every_run(self) -> list[str]:
+        """Tear down every run under the runs folder that still has a process (``polychip down``: a
+        stopped control plane leaves no training behind). Returns the run folders it stopped."""
+        stopped = []
+        for run_dir in sorted(p for p in self.runs_dir.glob("*") if p.is_dir()):
+            if self._alive_pids(run_dir) != (None, []):
+                self.teardown({"backend": self.name, "run_dir": str(run_dir)})
+                stopped.append(str(run_dir))
+        return stopped
+
     def _alive_pids(self, run_dir: Path) -> tuple[int | None, list[int]]:
         """The supervisor's pid if it runs, and the pids of rank processes that still run."""
         sup_pid = _read_pid(run_dir / PID_FILE)

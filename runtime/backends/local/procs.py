@@ -43,6 +43,22 @@ def pid_alive(pid: int, arg: str | None = None) -> bool:
     return True
 
 
+def wants_cpu(pid: int) -> bool:
+    """True when a thread of ``pid`` is running or waiting for a CPU (state R in /proc).
+
+    A rank whose heartbeat is late while one of its threads is runnable is starved (a loaded host,
+    more ranks than cores), not dead; a stopped (T), frozen or vanished rank has no runnable thread.
+    Without /proc (not Linux) nothing is known: False.
+    """
+    tasks = _PROC / str(pid) / "task"
+    try:
+        stats = [(task / "stat").read_text() for task in tasks.iterdir()]
+    except OSError:
+        return False
+    # The state is the field after the command's closing parenthesis (the command may hold spaces).
+    return any(stat.rpartition(")")[2].split()[:1] == ["R"] for stat in stats)
+
+
 def signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 from runtime.backends.local import netem
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
-from runtime.backends.local.procs import die_with_parent, signal_pid
+from runtime.backends.local.procs import die_with_parent, signal_pid, wants_cpu
 from runtime.worker.cli import EXIT_BAD_CONFIG, EXIT_PEER_LOST, EXIT_STOPPED
 
 LAUNCH_FILE = "launch.json"
@@ -53,6 +53,20 @@ DEFAULT_GRACE_S = 5.0
 # A rank whose heartbeat file is older than this is declared failed and killed: a stopped or wedged
 # process keeps its sockets open, so its peers would otherwise wait out the collective timeout.
 DEFAULT_HEARTBEAT_TIMEOUT_S = 4.0
+# A rank whose heartbeat is late but which waits for a CPU is starved, not dead: it gets this many
+# heartbeat timeouts before it counts as lost (a rank spinning in a hang is caught then).
+STARVED_PATIENCE = 10
+
+
+def heartbeat_lost(age_s: float, timeout_s: float, starved: Callable[[], bool]) -> bool:
+    """Whether a rank whose last heartbeat is ``age_s`` old counts as lost.
+
+    Late by the timeout and not waiting for a CPU (stopped, frozen, gone): lost. Late but runnable
+    (starved on a loaded host): lost only past ``STARVED_PATIENCE`` timeouts.
+    """
+    if age_s <= timeout_s:
+        return False
+    return age_s > STARVED_PATIENCE * timeout_s or not starved()
 
 
 @dataclass
@@ -374,7 +388,7 @@ class Supervisor:
                     if code not in (0, EXIT_STOPPED) and r.cause is None:
                         r.cause, r.detected_at = ("signal" if code < 0 else "exit"), time.time()
                     failed = failed or code not in (0, EXIT_STOPPED)
-                elif kill_at is None and self._heartbeat_lost(r):
+                elif kill_at is None and self._heartbeat_lost(r, proc.pid):
                     r.cause, r.detected_at, changed, failed = "heartbeat", time.time(), True, True
                     signal_pid(proc.pid, signal.SIGKILL)
             if self.stop_reason is None and (self.run_dir / STOP_FILE).exists():
@@ -408,7 +422,7 @@ class Supervisor:
         self.write_status("succeeded")
         return "succeeded"
 
-    def _heartbeat_lost(self, r: _Rank) -> bool:
+    def _heartbeat_lost(self, r: _Rank, pid: int) -> bool:
         # Only once the rank's first heartbeat is there: before that it is starting (importing torch,
         # rendezvous), which the rendezvous timeout bounds.
         if r.heartbeat_file is None:
@@ -417,7 +431,7 @@ class Supervisor:
             age = time.time() - r.heartbeat_file.stat().st_mtime
         except FileNotFoundError:
             return False
-        return age > self.heartbeat_timeout_s
+        return heartbeat_lost(age, self.heartbeat_timeout_s, starved=lambda: wants_cpu(pid))
 
     def run(self) -> int:
         # Handlers before the pid file: once teardown can find this process, SIGTERM is handled.

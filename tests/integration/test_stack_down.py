@@ -1,0 +1,35 @@
+"""`polychip down` stops the jobs its stack started (issue 17, item 17).
+
+A module of its own: a second stack beside another module's would share the test database, and its
+worker could launch the job instead.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.processes import processes_mentioning
+from tests.stack import Api, free_port, stack_down, stack_env, stack_up
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+SPEC = {"name": "it-down", "devices": 2, "flavors": ["a100-sxm"], "workload": {"steps": 100_000, "global_batch": 64}}
+
+
+def test_down_stops_the_jobs_the_stack_started(tenants, pool, tmp_path):
+    """Issue 17, item 17: a training job kept running after its stack stopped. `polychip down` now
+    tears down every run that still has a process, and returns only when they are gone."""
+    port = free_port()
+    env = stack_env(tmp_path, port)
+    api = Api(stack_up(env, port), tenants[0].token)
+    try:
+        job_id = api.post("/api/v1/jobs", SPEC).json()["id"]
+        deadline = time.monotonic() + 90
+        while not processes_mentioning(str(tmp_path / "runs")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert processes_mentioning(str(tmp_path / "runs")), "the job never started"
+    finally:
+        left = stack_down(env)
+    assert left == [], f"processes of job {job_id} outlived `polychip down`: {left}"
