@@ -62,13 +62,21 @@ class CommSpec:
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    """Layered checkpoints: weights often, optimizer state less often (the reference article's
-    1,000 / 5,000 steps, scaled to the short jobs run here)."""
+    """What a job saves, and what a restart restores.
+
+    A restore must give the state of one step: weights of step 30 with momentum of step 20 trained on
+    to a final loss 2-7% worse (37% once) than an uninterrupted run. So by default every save holds
+    the weights and the optimizer state together (the background saver makes that cheap), and a
+    restart restores the newest checkpoint that has both (``last_full``). Layering, the reference
+    article's weights every 1,000 steps and optimizer state every 5,000, stays a choice: an
+    ``optimizer_every`` that is a multiple of ``weights_every``; ``newest_weights`` then pairs the newer
+    weights with older optimizer state, for a job that accepts that to lose fewer steps.
+    """
 
     weights_every: int = 50  # steps between saves of the weights
-    optimizer_every: int = 250  # steps between saves of weights and optimizer state together
+    optimizer_every: int = 50  # steps between saves of weights and optimizer state together
     keep: int = 3  # the newest checkpoints kept; older ones are deleted
-    restore: str = "newest_weights"  # see RESTORE_MODES
+    restore: str = "last_full"  # see RESTORE_MODES
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,22 +200,24 @@ def parse_checkpoint(raw: Any) -> CheckpointSpec:
     if raw is None:
         return CheckpointSpec()
     if not isinstance(raw, dict):
-        raise SpecError("checkpoint", 'must be an object such as {"weights_every": 50, "optimizer_every": 250}')
+        raise SpecError("checkpoint", 'must be an object such as {"weights_every": 50, "optimizer_every": 50}')
     _reject_unknown(raw, set(CheckpointSpec.__dataclass_fields__), "checkpoint.")
     weights_every = _int(raw, "weights_every", "checkpoint.weights_every", 50, 1, 10_000_000)
-    optimizer_every = _int(raw, "optimizer_every", "checkpoint.optimizer_every", 250, 1, 10_000_000)
+    # Unless told otherwise, every save holds the optimizer state too (see CheckpointSpec).
+    optimizer_every = _int(raw, "optimizer_every", "checkpoint.optimizer_every", weights_every, 1, 10_000_000)
     if optimizer_every % weights_every:
         raise SpecError(
             "checkpoint.optimizer_every",
             f"must be a multiple of weights_every ({weights_every}), got {optimizer_every}: "
             "every optimizer save is also a weights save",
         )
-    restore = raw.get("restore", "newest_weights")
+    restore = raw.get("restore", "last_full")
     if restore not in RESTORE_MODES:
         raise SpecError(
             "checkpoint.restore",
-            f"{restore!r} is not a restore mode; use newest_weights (the newest weights with the newest "
-            "optimizer state at or before them) or last_full (the newest checkpoint that has both)",
+            f"{restore!r} is not a restore mode; use last_full (the newest checkpoint that has both weights "
+            "and optimizer state, the default) or newest_weights (the newest weights with the newest optimizer "
+            "state at or before them)",
         )
     return CheckpointSpec(
         weights_every=weights_every,

@@ -49,7 +49,7 @@ def test_duplicate_flavors_collapse_in_order():
         ({"checkpoint": {"weights_every": 0}}, "checkpoint.weights_every", "between 1 and"),
         ({"checkpoint": {"weights_every": 40, "optimizer_every": 100}}, "checkpoint.optimizer_every", "multiple"),
         ({"checkpoint": {"keep": 0}}, "checkpoint.keep", "between 1 and 1000"),
-        ({"checkpoint": {"restore": "oldest"}}, "checkpoint.restore", "newest_weights"),
+        ({"checkpoint": {"restore": "oldest"}}, "checkpoint.restore", "last_full"),
         ({"checkpoint": {"every": 5}}, "checkpoint.every", "allowed here"),
         ({"min_devices": 3}, "min_devices", "between 1 and 2"),
         ({"min_devices": 0}, "min_devices", "between 1 and 2"),
@@ -69,9 +69,10 @@ def test_a_spec_that_is_not_an_object_is_refused():
     assert caught.value.field == "spec"
 
 
-def test_checkpoints_and_recovery_default_to_layered_saves_and_three_restarts_on_the_full_size():
+def test_checkpoints_default_to_full_saves_restored_whole_and_three_restarts_on_the_full_size():
     spec = parse_job_spec(VALID)
-    assert spec.checkpoint == CheckpointSpec(weights_every=50, optimizer_every=250, keep=3, restore="newest_weights")
+    # Issue 17, item 18: by default every save holds the optimizer state, and a restore gives one step's.
+    assert spec.checkpoint == CheckpointSpec(weights_every=50, optimizer_every=50, keep=3, restore="last_full")
     assert (spec.min_devices, spec.max_restarts) == (None, 3)
     custom = parse_job_spec(
         {
@@ -83,4 +84,6 @@ def test_checkpoints_and_recovery_default_to_layered_saves_and_three_restarts_on
     )
     assert custom.checkpoint == CheckpointSpec(100, 500, 5, "last_full")
     assert (custom.min_devices, custom.max_restarts) == (1, 0)
+    # Only weights_every given: the optimizer state goes with every save.
+    assert parse_job_spec({**VALID, "checkpoint": {"weights_every": 20}}).checkpoint.optimizer_every == 20
     assert parse_job_spec(custom.to_dict()) == custom
