@@ -335,10 +335,11 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
         job = locks.job(job_id)
         if job is None or not hmac.compare_digest(token.encode(), ingest_token(job).encode()):
             raise TelemetryRejected("unknown job or wrong ingest token")
-        if job.state not in (JobState.ADMITTED, JobState.RUNNING):
-            return 0  # late telemetry of an ended job changes nothing
+        # Checked whatever the job's state: bad input is refused the same way, ended job or not.
         _check_artifacts(job, events)
         _check_physical(job, events)
+        if job.state not in (JobState.ADMITTED, JobState.RUNNING):
+            return 0  # late telemetry of an ended job changes nothing
         fields: set[str] = {"last_heartbeat_at"}
         job.last_heartbeat_at = timezone.now()
         for event in sorted(events, key=lambda e: (e.ts, e.step or 0)):
