@@ -109,15 +109,19 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
         failed_ids: frozenset[str] = frozenset()
         # A death after the platform asked this attempt to stop (a move, a drain) is the platform's.
         stopped_by_us = run is not None and run.stop_asked_at is not None
-        if failure is not None and failure.device_suspect and device is not None and not stopped_by_us:
-            set_device_health([device.device_id], DeviceHealth.FAILED, by="recovery")
-            failed_ids = frozenset({device.device_id})
-            transitions.record_event(
-                job,
-                kind=JobEvent.Kind.RECOVERY,
-                message=f"device {device.device_id} marked failed: nothing runs there until an operator returns it",
-                data={"device_failed": device.device_id},
-            )
+        # Every rank that failed on its own is evidence against its device, not only the first.
+        observed = (observation.failures if observation is not None else ()) or ((failure,) if failure else ())
+        suspects = sorted({by_rank[f.rank].device_id for f in observed if f.device_suspect and f.rank in by_rank})
+        if suspects and not stopped_by_us:
+            set_device_health(suspects, DeviceHealth.FAILED, by="recovery")
+            failed_ids = frozenset(suspects)
+            for device_id in suspects:
+                transitions.record_event(
+                    job,
+                    kind=JobEvent.Kind.RECOVERY,
+                    message=f"device {device_id} marked failed: nothing runs there until an operator returns it",
+                    data={"device_failed": device_id},
+                )
         previous = tuple(as_free_device(a.device) for a in allocations)
         recovery = dict(job.recovery)
         recovery["last_failure"] = {

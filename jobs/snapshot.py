@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import F, Q, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
@@ -91,11 +92,7 @@ def pending_jobs() -> list[PendingJob]:
     """
     # Two required fields of the stored spec (``JobSpec.to_dict``), read in SQL: a cycle reads
     # thousands of waiting jobs and needs nothing else of their specs.
-    place = Window(
-        RowNumber(), partition_by=[F("tenant_id")], order_by=[F("priority").desc(), F("created_at"), F("pk")]
-    )
-    window = settings.POLYCHIP_ADMISSION_WINDOW_PER_TENANT
-    queued = TrainingJob.objects.filter(state=JobState.QUEUED).annotate(place=place).filter(place__lte=window)
+    queued = TrainingJob.objects.filter(pk__in=_window_ids(settings.POLYCHIP_ADMISSION_WINDOW_PER_TENANT))
     rows = queued.values_list(
         "pk", "tenant_id", "priority", "created_at", "spec__devices", "spec__flavors", "job_class"
     )
@@ -111,6 +108,31 @@ def pending_jobs() -> list[PendingJob]:
         )
         for pk, tenant_id, priority, created_at, devices, flavors, job_class in rows
     ]
+
+
+def _window_ids(window: int) -> list[int]:
+    """The ids of each tenant's first ``window`` waiting jobs (priority, then age, then id).
+
+    On PostgreSQL one index scan per tenant (a LATERAL subquery over the partial index of waiting
+    jobs): under a millisecond with one tenant's 10,000 jobs waiting, where numbering every waiting
+    job took 20 ms. Elsewhere (SQLite, the embedded default) a window function numbers them.
+    """
+    if connection.vendor == "postgresql":
+        jobs = TrainingJob._meta.db_table
+        tenants_table = TrainingJob._meta.get_field("tenant").related_model._meta.db_table
+        sql = (
+            f"SELECT w.id FROM {tenants_table} t CROSS JOIN LATERAL ("  # noqa: S608 (table names from _meta)
+            f"SELECT q.id FROM {jobs} q WHERE q.state = %s AND q.tenant_id = t.id "
+            "ORDER BY q.priority DESC, q.created_at, q.id LIMIT %s) w"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [JobState.QUEUED.value, window])
+            return [row[0] for row in cursor.fetchall()]
+    place = Window(
+        RowNumber(), partition_by=[F("tenant_id")], order_by=[F("priority").desc(), F("created_at"), F("pk")]
+    )
+    queued = TrainingJob.objects.filter(state=JobState.QUEUED).annotate(place=place).filter(place__lte=window)
+    return list(queued.values_list("pk", flat=True))
 
 
 def usage_history(now: datetime, rates: Mapping[tuple[str, str], int]) -> dict[int, dict[str, float]]:

@@ -104,6 +104,8 @@ class Observation:
     reason: str = ""
     # Set as soon as a rank failed, even while the others are still being stopped (phase RUNNING).
     failure: Failure | None = None
+    # Every rank that failed on its own (``failure`` is the first): two devices lost at once are both here.
+    failures: tuple[Failure, ...] = ()
 
 
 class Backend(Protocol):

@@ -201,3 +201,52 @@ def test_a_job_whose_device_is_cordoned_before_launch_is_placed_on_others(tenant
     transitions = list(placed.events.filter(kind="transition").values_list("to_state", flat=True))
     assert transitions == ["queued", "admitted", "recovering", "admitted", "running"]
     services.cancel_job(tenant_id=tenants[0].id, job_id=job.id)
+
+
+def test_every_device_with_evidence_against_it_counts(tenants, pool, local_backend):
+    """Issue 17, item 19: two ranks killed at once; before, only the first rank's device was marked
+    failed and the other was handed to the next attempt."""
+    import json
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    spec = parse_job_spec(
+        {"name": "two-down", "devices": 3, "flavors": ["ascend-910b"], "workload": {"steps": 100_000}}
+    )
+    job = services.submit_job(tenant_id=tenants[0].id, user_id=None, spec=spec)
+    services.admit_queued_jobs()
+    assert services.provision_job(job.id) is True
+    status_file = Path(handle_of(job.id)["run_dir"]) / "status.json"
+
+    def pids() -> dict[int, int]:
+        try:
+            ranks = json.loads(status_file.read_text())["ranks"]
+        except (OSError, ValueError, KeyError):
+            return {}
+        return {r["rank"]: r["pid"] for r in ranks if r.get("pid")}
+
+    deadline = time.monotonic() + 60
+    while len(pids()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    running = pids()
+    by_rank = dict(TrainingJob.objects.get(pk=job.id).allocations.values_list("rank", "device__device_id"))
+    os.kill(running[0], signal.SIGKILL)
+    os.kill(running[2], signal.SIGKILL)
+
+    deadline = time.monotonic() + 60
+    while services.observe_job(job.id) == JobState.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.2)
+    failed = set(Device.objects.filter(health=DeviceHealth.FAILED).values_list("device_id", flat=True))
+    assert failed == {by_rank[0], by_rank[2]}
+    marked = JobEvent.objects.filter(job_id=job.id, message__contains="marked failed").count()
+    assert marked == 2
+    # The next attempt is placed on none of them.
+    next_devices = set(
+        TrainingJob.objects.get(pk=job.id)
+        .allocations.filter(ended_at__isnull=True)
+        .values_list("device__device_id", flat=True)
+    )
+    assert not next_devices & failed
+    services.cancel_job(tenant_id=tenants[0].id, job_id=job.id)

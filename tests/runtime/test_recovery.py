@@ -128,6 +128,28 @@ def test_a_rank_that_stops_sending_heartbeats_is_killed_and_named(
     assert "rank 1 sent no heartbeat for 2 s" in observation.reason
 
 
+def test_two_ranks_killed_at_once_are_both_reported(make_backend: Callable[..., LocalBackend], tmp_path: Path) -> None:
+    """Issue 17, item 19: every rank that failed on its own is in the observation, not only the first;
+    the rank the supervisor then stopped (SIGTERM) is not."""
+    backend = make_backend(telemetry_files=True)
+    spec = CheckpointSpec(weights_every=10, optimizer_every=10)
+    handle = backend.provision(_request("two-down", 3, tmp_path, spec, steps=100_000))
+    run_dir = Path(handle["run_dir"])
+    assert wait_for(lambda: len(_losses(run_dir)) > 3, timeout_s=60)
+    pids = {r["rank"]: r["pid"] for r in json.loads((run_dir / "status.json").read_text())["ranks"]}
+    os.kill(pids[0], signal.SIGKILL)
+    os.kill(pids[2], signal.SIGKILL)
+    observation = wait_until_final(backend, handle, timeout_s=60)
+
+    assert observation.phase == Phase.FAILED
+    assert sorted((f.rank, f.cause, f.exit_code) for f in observation.failures) == [
+        (0, "signal", -signal.SIGKILL),
+        (2, "signal", -signal.SIGKILL),
+    ]
+    assert all(f.device_suspect for f in observation.failures)
+    assert observation.failure is not None and observation.failure.rank in (0, 2)
+
+
 def test_a_stop_request_ends_every_rank_after_one_full_checkpoint(
     make_backend: Callable[..., LocalBackend], tmp_path: Path
 ) -> None:

@@ -351,7 +351,9 @@ class LocalBackend:
             )
         if pid_alive(pid, str(run_dir)):
             reason = str(status.get("reason", "")) if isinstance(status, dict) else ""
-            return Observation(phase=Phase.RUNNING, ranks=ranks, reason=reason, failure=_failure(status))
+            return Observation(
+                phase=Phase.RUNNING, ranks=ranks, reason=reason, failure=_failure(status), failures=_failures(status)
+            )
         # It may have written the final status just before exiting.
         final = self._final_status(run_dir)
         if final is not None:
@@ -369,6 +371,7 @@ class LocalBackend:
             ranks=_rank_states(status),
             reason=str(status.get("reason", "")),
             failure=_failure(status),
+            failures=_failures(status),
         )
 
     # -- teardown ----------------------------------------------------------------------------------
@@ -502,6 +505,14 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def _failures(status: Any) -> tuple[Failure, ...]:
+    entries = status.get("failures") if isinstance(status, dict) else None
+    if not isinstance(entries, list):
+        return ()
+    parsed = (_failure({"failure": entry}) for entry in entries)
+    return tuple(f for f in parsed if f is not None)
 
 
 def _failure(status: Any) -> Failure | None:

@@ -79,6 +79,7 @@ class _Rank:
     exit_code: int | None = None
     exited_at: float | None = None  # wall clock
     terminated_by_us: bool = False
+    killed_by_us: bool = False  # we sent it SIGKILL (a lost heartbeat, or the end of the grace)
     heartbeat_file: Path | None = None
     # Why the supervisor declared this rank failed, and when (wall clock): "exit" (it ended with an
     # error code), "signal" (killed), "heartbeat" (its heartbeats stopped; the supervisor killed it).
@@ -146,6 +147,7 @@ class Supervisor:
                     for r in self.ranks
                 ],
                 **({"failure": failure} if (failure := self._first_failure()) else {}),
+                **({"failures": failures} if (failures := self._own_failures()) else {}),
             },
         )
 
@@ -160,6 +162,27 @@ class Supervisor:
             "detected_at": culprit.detected_at,
             "exit_code": culprit.exit_code,
         }
+
+    def _own_failures(self) -> list[dict[str, object]]:
+        """Every rank that failed on its own, in the order seen: when two devices go at once, both
+        are evidence, not only the first. A rank that died of what we sent it (SIGTERM to stop it,
+        SIGKILL at the end of the grace) or of losing a peer is not; a SIGKILL we did not send is,
+        even when it came after we began stopping the run."""
+        own = [
+            r
+            for r in self.ranks
+            if r.cause is not None
+            and (
+                r.cause == "heartbeat"
+                or (
+                    r.exit_code not in (EXIT_PEER_LOST, -signal.SIGTERM)
+                    and not r.killed_by_us
+                    and (not r.terminated_by_us or r.exit_code == -signal.SIGKILL)
+                )
+            )
+        ]
+        own.sort(key=lambda r: r.detected_at or r.exited_at or 0.0)
+        return [{"rank": r.rank, "cause": r.cause, "detected_at": r.detected_at, "exit_code": r.exit_code} for r in own]
 
     def load(self) -> str | None:
         """Read launch.json; returns an error message when it is unusable."""
@@ -398,7 +421,8 @@ class Supervisor:
             if kill_at is None and (failed or self.stop_reason is not None):
                 kill_at = self._begin_termination()
             if kill_at is not None and time.monotonic() >= kill_at:
-                for _, proc in self._alive():
+                for r, proc in self._alive():
+                    r.killed_by_us = True
                     signal_pid(proc.pid, signal.SIGKILL)
             if not self._alive():
                 break
