@@ -75,6 +75,9 @@ class Device(models.Model):
     # Consecutive scores at or above the predictor's threshold: a drain needs a few in a row.
     alert_streak = models.PositiveSmallIntegerField(default=0)
     unscored_rows = models.PositiveIntegerField(default=0)  # readings that arrived since the last score
+    # Failures of jobs that pointed at this device but were not evidence enough to mark it failed (a
+    # lost heartbeat): [{"job", "at" (unix time), "cause"}], the newest last (jobs.recovery).
+    suspicions = models.JSONField(default=list, blank=True)
 
     def __str__(self) -> str:
         return self.device_id

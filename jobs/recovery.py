@@ -26,6 +26,7 @@ so a cycle running at the same time never hands out the same device.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 
 from django.db import transaction
@@ -39,7 +40,7 @@ from jobs.metering import charge, end_allocations
 from jobs.models import Allocation, Device, DeviceHealth, JobAttempt, JobEvent, JobState, TrainingJob
 from jobs.pool import SCHEDULABLE, as_free_device, free_devices, pool_fabric, set_device_health
 from jobs.throughput import nau_rates
-from runtime.backends.base import Observation
+from runtime.backends.base import Failure, Observation
 from runtime.recovery.plan import RestartPlan, RestartRequest, grow_target, plan_restart
 from runtime.scheduling.placement import FreeDevice
 from runtime.worker.cli import EXIT_BAD_CONFIG
@@ -111,17 +112,14 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
         stopped_by_us = run is not None and run.stop_asked_at is not None
         # Every rank that failed on its own is evidence against its device, not only the first.
         observed = (observation.failures if observation is not None else ()) or ((failure,) if failure else ())
-        suspects = sorted({by_rank[f.rank].device_id for f in observed if f.device_suspect and f.rank in by_rank})
-        if suspects and not stopped_by_us:
-            set_device_health(suspects, DeviceHealth.FAILED, by="recovery")
-            failed_ids = frozenset(suspects)
-            for device_id in suspects:
-                transitions.record_event(
-                    job,
-                    kind=JobEvent.Kind.RECOVERY,
-                    message=f"device {device_id} marked failed: nothing runs there until an operator returns it",
-                    data={"device_failed": device_id},
-                )
+        evidence: dict[str, Failure] = {}
+        for seen in observed:
+            if seen.device_suspect and seen.rank in by_rank:
+                evidence.setdefault(by_rank[seen.rank].device_id, seen)
+        if evidence and not stopped_by_us:
+            _judge_devices(job, evidence)
+            # The next attempt avoids every device with evidence against it, marked failed or not.
+            failed_ids = frozenset(evidence)
         previous = tuple(as_free_device(a.device) for a in allocations)
         recovery = dict(job.recovery)
         recovery["last_failure"] = {
@@ -144,6 +142,68 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
             return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
         _reallocate(frozen, previous, failed_ids)
     return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
+
+
+# A lost heartbeat counts against a device when another job's failure pointed at it within this long.
+SUSPICION_WINDOW_S = 24 * 3600
+KEEP_SUSPICIONS = 10
+
+
+def _cause_in_words(failure: Failure) -> str:
+    if failure.cause == "heartbeat":
+        return f"rank {failure.rank} sent no heartbeat and was killed"
+    if failure.exit_code is not None and failure.exit_code < 0:
+        try:
+            name = signal.Signals(-failure.exit_code).name
+        except ValueError:
+            name = f"signal {-failure.exit_code}"
+        return f"rank {failure.rank} was killed by {name}"
+    return f"rank {failure.rank} failed ({failure.cause})"
+
+
+def _judge_devices(job: TrainingJob, evidence: dict[str, Failure]) -> None:
+    """Mark failed the devices the evidence is about; a lost heartbeat alone only makes a suspect.
+
+    A rank killed by a signal nobody on the platform sent (the device or its host went away) marks
+    its device failed. A lost heartbeat is evidence about the rank, not yet about the device (user
+    code that wedged, a starved host): it marks the device failed only when another job's failure
+    pointed there within a day, or the device's own readings alert (``health``); otherwise the
+    device is a suspect, recorded with the cause in words, and the job's next attempt avoids it.
+    """
+    now = time.time()
+    failed: list[str] = []
+    for device in locks.devices(Device.objects.filter(device_id__in=sorted(evidence))):
+        seen = evidence[device.device_id]
+        cause = _cause_in_words(seen)
+        others = [
+            s
+            for s in device.suspicions
+            if isinstance(s, dict) and s.get("job") != job.pk and now - float(s.get("at", 0)) <= SUSPICION_WINDOW_S
+        ]
+        if seen.cause != "heartbeat":
+            why = cause
+        elif others:
+            why = f"{cause}; job {others[-1]['job']} failed there too ({others[-1]['cause']})"
+        elif device.alert_streak > 0:
+            why = f"{cause}; its own readings alert (failure score {device.failure_score or 0:.2f})"
+        else:
+            why = ""
+        device.suspicions = [*device.suspicions, {"job": job.pk, "at": now, "cause": cause}][-KEEP_SUSPICIONS:]
+        device.save(update_fields=["suspicions"])
+        if why:
+            failed.append(device.device_id)
+            message = f"device {device.device_id} marked failed: {why}; nothing runs there until an operator returns it"
+            data: dict[str, object] = {"device_failed": device.device_id, "cause": why}
+        else:
+            message = (
+                f"device {device.device_id} suspected: {cause}; one job's lost heartbeat does not mark a device "
+                "failed (its readings are normal), but another job's failure there will; this job's next attempt "
+                "avoids it"
+            )
+            data = {"device_suspected": device.device_id, "cause": cause}
+        transitions.record_event(job, kind=JobEvent.Kind.RECOVERY, message=message, data=data)
+    if failed:
+        set_device_health(failed, DeviceHealth.FAILED, by="recovery")
 
 
 def handle_stop(job_id: int, attempt: int) -> str:

@@ -250,3 +250,62 @@ def test_every_device_with_evidence_against_it_counts(tenants, pool, local_backe
     )
     assert not next_devices & failed
     services.cancel_job(tenant_id=tenants[0].id, job_id=job.id)
+
+
+def _running_on(tenant_id: int, device_ids: list[str]) -> TrainingJob:
+    spec = parse_job_spec({"name": "evidence", "devices": len(device_ids), "flavors": ["ascend-910b"]})
+    view = services.submit_job(tenant_id=tenant_id, user_id=None, spec=spec)
+    TrainingJob.objects.filter(pk=view.id).update(state=JobState.RUNNING)
+    for rank, device_id in enumerate(device_ids):
+        Allocation.objects.create(
+            job_id=view.id, device=Device.objects.get(device_id=device_id), rank=rank, started_at=timezone.now()
+        )
+    return TrainingJob.objects.get(pk=view.id)
+
+
+def _fail(job: TrainingJob, rank: int, cause: str, exit_code: int | None = None) -> None:
+    import time
+
+    from jobs import recovery
+    from runtime.backends.base import Failure, Observation, Phase
+
+    seen = Failure(rank=rank, cause=cause, detected_at=time.time(), exit_code=exit_code)
+    recovery.handle_failure(job.pk, job.attempt, Observation(phase=Phase.FAILED, failure=seen, failures=(seen,)))
+
+
+def test_one_jobs_lost_heartbeat_makes_a_suspect_and_a_second_jobs_marks_it_failed(tenants, pool):
+    """Issue 17, item 15: a single missed heartbeat marked a healthy device failed until an operator
+    returned it. Now it takes evidence about the device: a failure of another job there."""
+    ascend = list(
+        Device.objects.filter(flavor__name="ascend-910b").order_by("device_id").values_list("device_id", flat=True)
+    )
+    first = _running_on(tenants[0].id, ascend[:2])
+    _fail(first, 1, "heartbeat")
+    suspect = Device.objects.get(device_id=ascend[1])
+    assert suspect.health == DeviceHealth.HEALTHY
+    assert [s["job"] for s in suspect.suspicions] == [first.pk]
+    message = (
+        JobEvent.objects.filter(job_id=first.pk, message__startswith=f"device {ascend[1]} suspected").get().message
+    )
+    assert "rank 1 sent no heartbeat" in message
+    # The job's next attempt avoids the suspect all the same.
+    again = set(first.allocations.filter(ended_at__isnull=True).values_list("device__device_id", flat=True))
+    assert ascend[1] not in again and len(again) == 2
+
+    services.cancel_job(tenant_id=tenants[0].id, job_id=first.pk)
+    second = _running_on(tenants[1].id, [ascend[1]])
+    _fail(second, 0, "heartbeat")
+    assert Device.objects.get(device_id=ascend[1]).health == DeviceHealth.FAILED
+    marked = JobEvent.objects.filter(job_id=second.pk, message__contains="marked failed").get().message
+    assert f"job {first.pk} failed there too" in marked
+
+
+def test_a_rank_killed_by_a_signal_nobody_sent_marks_its_device_failed_at_once(tenants, pool):
+    ascend = list(
+        Device.objects.filter(flavor__name="ascend-910b").order_by("device_id").values_list("device_id", flat=True)
+    )
+    job = _running_on(tenants[0].id, ascend[:2])
+    _fail(job, 0, "signal", exit_code=-9)
+    assert Device.objects.get(device_id=ascend[0]).health == DeviceHealth.FAILED
+    marked = JobEvent.objects.filter(job_id=job.pk, message__contains="marked failed").get().message
+    assert "rank 0 was killed by SIGKILL" in marked
