@@ -23,6 +23,9 @@ class UsageInterval:
     started_at: datetime
     ended_at: datetime
     nau_milli: int = 1000
+    # Non-empty: the platform or a device ended the attempt this usage belongs to; it is metered as
+    # always and credited on the invoice, as a line of its own, with this reason.
+    credit_reason: str = ""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,9 @@ class UsageRecord(models.Model):
     nau_milli = models.PositiveIntegerField(default=1000)
     recorded_at = models.DateTimeField(auto_now_add=True)
 
+    # Non-empty: credited on the invoice (the platform or a device ended the attempt), with the reason.
+    credit_reason = models.CharField(max_length=300, blank=True, default="")
+
     class Meta:
         constraints = [
             models.CheckConstraint(condition=Q(duration_ms__gte=0), name="usage_duration_not_negative"),
@@ -189,6 +192,7 @@ class InvoiceLine(models.Model):
     class Kind(models.TextChoices):
         USAGE = "usage"
         ADJUSTMENT = "adjustment"  # usage of an earlier, already invoiced period that arrived late
+        CREDIT = "credit"  # usage of attempts the platform or a device ended, given back (a negative amount)
 
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
     position = models.PositiveIntegerField()
@@ -227,6 +231,8 @@ class LedgerEntry(models.Model):
     nau_milli = models.PositiveIntegerField(default=1000)
     invoice = models.ForeignKey(Invoice, null=True, blank=True, on_delete=models.PROTECT, related_name="entries")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    credit_reason = models.CharField(max_length=300, blank=True, default="")  # the record's
 
     class Meta:
         constraints = [models.CheckConstraint(condition=Q(duration_ms__gte=0), name="ledger_duration_not_negative")]

@@ -188,6 +188,8 @@ class RatedUsage:
     # Price the whole duration at the price in effect at this instant (sums of many entries, when no
     # price changes during them); None: at the prices in effect during [start, start + duration).
     price_at: int | None = None
+    # The platform or a device ended the attempt: billed as usage, and given back on a credit line.
+    credited: bool = False
 
     def priced(self, book: PriceBook) -> list[tuple[str, int, int]]:
         """``(resource, price units, quantity)``: the usage's quantity under each price it ran at."""
@@ -201,7 +203,7 @@ class RatedUsage:
 
 @dataclass(frozen=True)
 class LineKey:
-    kind: str  # "usage", or "adjustment" for an earlier period's late usage
+    kind: str  # "usage", "adjustment" for an earlier period's late usage, "credit" for usage given back
     job_id: int
     flavor: str
     usage_period: date
@@ -259,6 +261,8 @@ def accumulate(usages: Iterable[RatedUsage], book: PriceBook, period: date) -> d
             raise RatingError(f"usage of {usage.period:%Y-%m} cannot go on the invoice for {period:%Y-%m}")
         for resource, units, quantity in usage.priced(book):
             quantities[LineKey(kind, usage.job_id, usage.flavor, usage.period, resource, units)] += quantity
+            if usage.credited:
+                quantities[LineKey("credit", usage.job_id, usage.flavor, usage.period, resource, units)] += quantity
     return quantities
 
 
@@ -270,7 +274,9 @@ def rate(usages: Iterable[RatedUsage], book: PriceBook, period: date) -> RatedIn
     for key in sorted(quantities, key=_line_order):
         quantity = quantities[key]
         numerator, denominator = quantity * key.price_units, _denominator(key.resource)
-        numerator_sum += numerator * (common // denominator)
+        # A credit line gives back what its usage cost: the same quantity, a negative amount.
+        sign = -1 if key.kind == "credit" else 1
+        numerator_sum += sign * numerator * (common // denominator)
         lines.append(
             Line(
                 kind=key.kind,
@@ -280,15 +286,18 @@ def rate(usages: Iterable[RatedUsage], book: PriceBook, period: date) -> RatedIn
                 unit="NAU-hour" if key.resource == NAU else "device-hour",
                 unit_price=units_to_price(key.price_units),
                 quantity_ms=quantity,
-                amount=round_cents(numerator, denominator),
+                amount=sign * round_cents(numerator, denominator),
             )
         )
     total = sum((line.amount for line in lines), Decimal("0.00"))
     return RatedInvoice(period, book.currency, tuple(lines), total, (numerator_sum, common))
 
 
+_KIND_ORDER = {"usage": 0, "credit": 1, "adjustment": 2}
+
+
 def _line_order(key: LineKey) -> tuple[object, ...]:
-    return (key.kind != "usage", key.usage_period, key.job_id, key.flavor, key.resource, key.price_units)
+    return (_KIND_ORDER[key.kind], key.usage_period, key.job_id, key.flavor, key.resource, key.price_units)
 
 
 def by_flavor(lines: Sequence[Line]) -> Mapping[str, Decimal]:

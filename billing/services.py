@@ -125,6 +125,7 @@ def _row(interval: UsageInterval) -> tuple[Any, ...]:
         interval.ended_at,
         duration_ms(interval),
         interval.nau_milli,
+        interval.credit_reason[:300],
     )
 
 
@@ -188,6 +189,7 @@ _RECORD_COLUMNS = (
     ("ended_at", "timestamptz"),
     ("duration_ms", "bigint"),
     ("nau_milli", "integer"),
+    ("credit_reason", "text"),
     ("recorded_at", "timestamptz"),
 )
 _LEDGER_COLUMNS = (
@@ -200,6 +202,7 @@ _LEDGER_COLUMNS = (
     ("start_ms", "bigint"),
     ("duration_ms", "bigint"),
     ("nau_milli", "integer"),
+    ("credit_reason", "text"),
     ("created_at", "timestamptz"),
 )
 _COLUMNS = tuple(name for name, _ in _RECORD_COLUMNS[:-1])  # what a replay must match (not recorded_at)
@@ -272,15 +275,36 @@ def ingest_usage(intervals: Sequence[UsageInterval], *, now: datetime | None = N
 # --- the relay -------------------------------------------------------------------------------------
 
 
-_RECORD_FIELDS = ("pk", "key", "tenant_id", "job_id", "flavor", "started_at", "duration_ms", "nau_milli")
+_RECORD_FIELDS = (
+    "pk", "key", "tenant_id", "job_id", "flavor", "started_at", "duration_ms", "nau_milli", "credit_reason"
+)  # fmt: skip
 
 
 def _entries_for(
-    record_id: int, key: str, tenant_id: int, job_id: int, flavor: str, started_at: datetime, ms: int, nau: int
-) -> list[tuple[str, int, int, int, str, date, int, int, int]]:
+    record_id: int,
+    key: str,
+    tenant_id: int,
+    job_id: int,
+    flavor: str,
+    started_at: datetime,
+    ms: int,
+    nau: int,
+    credit_reason: str,
+) -> list[tuple[str, int, int, int, str, date, int, int, int, str]]:
     """The record's ledger rows (``_LEDGER_COLUMNS`` but the time of writing), one per period it touches."""
     return [
-        (f"{key}@{period:%Y-%m}", record_id, tenant_id, job_id, flavor, period, piece_start, piece_ms, nau)
+        (
+            f"{key}@{period:%Y-%m}",
+            record_id,
+            tenant_id,
+            job_id,
+            flavor,
+            period,
+            piece_start,
+            piece_ms,
+            nau,
+            credit_reason,
+        )
         for period, piece_start, piece_ms in rating.split_by_period(rating.epoch_ms(started_at), ms)
     ]
 
@@ -405,8 +429,12 @@ def parse_period(text: str) -> date:
 
 
 def _rated(entries: Any, book: rating.PriceBook, period: date) -> rating.RatedInvoice:
-    rows = entries.values_list("job_id", "flavor", "period", "start_ms", "duration_ms", "nau_milli")
-    return rating.rate((rating.RatedUsage(*row) for row in rows.iterator(chunk_size=5000)), book, period)
+    rows = entries.values_list("job_id", "flavor", "period", "start_ms", "duration_ms", "nau_milli", "credit_reason")
+    usages = (
+        rating.RatedUsage(job_id, flavor, usage_period, start, ms, nau, credited=bool(reason))
+        for job_id, flavor, usage_period, start, ms, nau, reason in rows.iterator(chunk_size=5000)
+    )
+    return rating.rate(usages, book, period)
 
 
 def _open_invoice(tenant_id: int, period: date, book: PriceBook) -> Invoice:

@@ -21,6 +21,7 @@ def finish_job(
     message: str = "",
     from_states: Iterable[str] | None = None,
     attempt: int | None = None,
+    credit_reason: str = "",
 ) -> bool:
     """End a job in a terminal state (from any state the table allows, or ``from_states``), closing
     its allocations and metering their usage; True when this call ended it.
@@ -48,7 +49,7 @@ def finish_job(
         if job is None:
             return False
         transitions.end_attempt(job_id, job.attempt, now=now, ended_as=state, reason=message or reason or state)
-        end_allocations(job, now)
+        end_allocations(job, now, credit_reason=credit_reason)
         if JobAttempt.objects.filter(job_id=job_id, backend_handle__isnull=False, torn_down_at__isnull=True).exists():
             dispatch.after_commit(dispatch.TEARDOWN, job_id)
         dispatch.after_commit(dispatch.ADMIT)

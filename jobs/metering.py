@@ -24,9 +24,10 @@ def charge(job_class: str, devices: Iterable[FreeDevice], rates: Mapping[tuple[s
     return dict(demand)
 
 
-def end_allocations(job: TrainingJob, ended_at: datetime) -> int:
+def end_allocations(job: TrainingJob, ended_at: datetime, *, credit_reason: str = "") -> int:
     """Close the job's open allocations and write their usage in the current transaction (billing's
-    outbox goes with it, so the ledger learns of every interval exactly once)."""
+    outbox goes with it, so the ledger learns of every interval exactly once). ``credit_reason``: the
+    platform or a device ended this attempt, so its usage is credited on the invoice."""
     open_allocations = list(job.allocations.filter(ended_at__isnull=True).select_related("device__flavor"))
     if not open_allocations:
         return 0
@@ -44,6 +45,7 @@ def end_allocations(job: TrainingJob, ended_at: datetime) -> int:
             started_at=a.started_at,
             ended_at=ended_at,
             nau_milli=rates.get((job.job_class, a.device.flavor.name), 1000),
+            credit_reason=credit_reason,
         )
         for a in open_allocations
     )

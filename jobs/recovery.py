@@ -80,13 +80,21 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
         device = by_rank.get(failure.rank) if failure is not None else None
         what = _describe_failure(reason, device.device_id if device else None)
         recoverable = failure is None or failure.exit_code != EXIT_BAD_CONFIG
+        credit = _credit_reason(observation, failure, what)
         if not recoverable or job.restarts >= max_restarts:
             why = (
                 what
                 if not recoverable
                 else f"{what}; gave up after {job.restarts} restart(s) (max_restarts {max_restarts})"
             )
-            finish_job(job_id, JobState.FAILED, reason=why, from_states=[JobState.RUNNING], attempt=attempt)
+            finish_job(
+                job_id,
+                JobState.FAILED,
+                reason=why,
+                from_states=[JobState.RUNNING],
+                attempt=attempt,
+                credit_reason=credit,
+            )
             return JobState.FAILED
         detect_s = round(observed_at - failure.detected_at, 3) if failure is not None else None
         transitions.record_event(
@@ -135,6 +143,7 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
             previous,
             torn_down=torn_down,
             message=f"frozen after a failure; restart {job.restarts + 1} of at most {max_restarts}",
+            credit_reason=credit,
             restarts=job.restarts + 1,
             recovery=recovery,
         )
@@ -142,6 +151,22 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
             return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
         _reallocate(frozen, previous, failed_ids)
     return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
+
+
+def _credit_reason(observation: Observation | None, failure: Failure | None, what: str) -> str:
+    """Why the attempt's usage is credited, or "" when the tenant pays for it.
+
+    A device's fault (a rank killed by a signal nobody on the platform sent, a lost heartbeat) or the
+    platform losing the run (silence, a run the backend no longer knows) is not the tenant's doing:
+    its usage is metered as always and credited. A rank that ended with an error is user code: billed.
+    """
+    observed = (observation.failures if observation is not None else ()) or ((failure,) if failure else ())
+    suspects = [seen for seen in observed if seen.device_suspect]
+    if suspects:
+        return f"a device failed: {'; '.join(_cause_in_words(seen) for seen in suspects)}"[:300]
+    if not observed:
+        return f"the platform lost the run: {what}"[:300]
+    return ""
 
 
 # A lost heartbeat counts against a device when another job's failure pointed at it within this long.
@@ -254,7 +279,13 @@ def _teardown(run: JobAttempt | None) -> bool:
 
 
 def _freeze(
-    job: TrainingJob, previous: tuple[FreeDevice, ...], *, torn_down: bool, message: str, **fields: object
+    job: TrainingJob,
+    previous: tuple[FreeDevice, ...],
+    *,
+    torn_down: bool,
+    message: str,
+    credit_reason: str = "",
+    **fields: object,
 ) -> TrainingJob | None:
     """RUNNING -> RECOVERING as the next attempt, in the caller's transaction with the row locked:
     its allocations end (and are metered), and news of the old attempt can no longer move it. The
@@ -280,7 +311,7 @@ def _freeze(
             JobAttempt.objects.filter(job_id=job.pk, number=number, torn_down_at__isnull=True).update(
                 torn_down_at=timezone.now()
             )
-        end_allocations(frozen, timezone.now())
+        end_allocations(frozen, timezone.now(), credit_reason=credit_reason)
     return frozen
 
 

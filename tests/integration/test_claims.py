@@ -309,3 +309,27 @@ def test_a_rank_killed_by_a_signal_nobody_sent_marks_its_device_failed_at_once(t
     assert Device.objects.get(device_id=ascend[0]).health == DeviceHealth.FAILED
     marked = JobEvent.objects.filter(job_id=job.pk, message__contains="marked failed").get().message
     assert "rank 0 was killed by SIGKILL" in marked
+
+
+def test_usage_of_an_attempt_a_device_ended_is_credited_and_user_code_failures_are_billed(tenants, pool):
+    """Issue 17, item 16: the tenant paid for attempts the platform killed."""
+    from billing import services as billing
+    from billing.models import LedgerEntry
+
+    ascend = list(
+        Device.objects.filter(flavor__name="ascend-910b").order_by("device_id").values_list("device_id", flat=True)
+    )
+    killed = _running_on(tenants[0].id, ascend[:2])
+    _fail(killed, 0, "signal", exit_code=-9)
+    tpus = list(Device.objects.filter(flavor__name="tpu-v4").order_by("device_id").values_list("device_id", flat=True))
+    crashed = _running_on(tenants[1].id, tpus[:2])
+    _fail(crashed, 1, "exit", exit_code=1)  # the user's code raised: the tenant pays
+
+    credited = dict(UsageRecord.objects.filter(job_id=killed.pk).values_list("key", "credit_reason"))
+    assert len(credited) == 2
+    assert all(reason.startswith("a device failed: rank 0 was killed") for reason in credited.values()), credited
+    assert set(UsageRecord.objects.filter(job_id=crashed.pk).values_list("credit_reason", flat=True)) == {""}
+
+    billing.relay_usage()
+    entries = LedgerEntry.objects.filter(job_id__in=[killed.pk, crashed.pk])
+    assert {(e.job_id, bool(e.credit_reason)) for e in entries} == {(killed.pk, True), (crashed.pk, False)}

@@ -508,3 +508,23 @@ def test_no_float_anywhere_in_billing() -> None:
     assert any(path.name == "rating.py" for path in files)
     found = [f"{path.relative_to(BILLING.parent)}:{hit}" for path in files for hit in _floats(path)]
     assert not found, "money is never a float in billing/:\n" + "\n".join(found)
+
+
+def test_usage_of_an_attempt_the_platform_ended_is_billed_and_credited_on_a_line_of_its_own() -> None:
+    """Issue 17, item 16: the ledger stays complete (the usage line counts every millisecond) and the
+    bill fair (a credit line gives back what the platform's or a device's failure cost)."""
+    period = date(2027, 1, 1)
+    start = month_ms(2027, 1, 3)
+    lost = RatedUsage(7, "a100-sxm", period, start, 2 * H, credited=True)  # the attempt a device ended
+    kept = RatedUsage(7, "a100-sxm", period, start + 2 * H, 3 * H)  # the attempt that finished
+    invoice = rating.rate([lost, kept], BOOK, period)
+    by_kind = {line.kind: line for line in invoice.lines}
+    assert [line.kind for line in invoice.lines] == ["usage", "credit"]
+    assert by_kind["usage"].quantity_ms == 5 * H and by_kind["usage"].amount == Decimal("10.50")
+    assert by_kind["credit"].quantity_ms == 2 * H and by_kind["credit"].amount == Decimal("-4.20")
+    assert invoice.total == Decimal("6.30") == sum(line.amount for line in invoice.lines)
+    numerator, denominator = invoice.exact_total
+    assert Fraction(numerator, denominator) == Fraction(63, 10)
+    # Nothing credited: no credit line, the same usage line.
+    plain = rating.rate([RatedUsage(7, "a100-sxm", period, start, 5 * H)], BOOK, period)
+    assert [line.kind for line in plain.lines] == ["usage"] and plain.total == Decimal("10.50")
