@@ -40,6 +40,7 @@ one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -136,12 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     loss = Shape("loss", hidden=1024, global_batch=96, steps=60 if quick else 250, warmup_steps=20)
     profiles = {"bench": {"relative_speed": 1.0}}
     timing: dict[str, dict[str, dict[str, Any]]] = {"throttled": {}, "unthrottled": {}}
-    with tempfile.TemporaryDirectory(prefix="polychip-comm-") as tmp:
+    made: list[LocalBackend] = []
+    with tempfile.TemporaryDirectory(prefix="polychip-comm-") as tmp, contextlib.ExitStack() as cleanup:
+        # Before the folder goes: every run's processes are gone (a rank still writing into it made
+        # the folder's removal fail on a loaded host).
+        cleanup.callback(lambda: [b.tear_down_every_run() for b in made])
 
         def backend(name: str, link_gbit: float | None) -> LocalBackend:
-            return LocalBackend(
-                Path(tmp) / name, profiles, sample_time_ms=0.0, telemetry_files=True, link_gbit=link_gbit
+            made.append(
+                LocalBackend(Path(tmp) / name, profiles, sample_time_ms=0.0, telemetry_files=True, link_gbit=link_gbit)
             )
+            return made[-1]
 
         # Loss: every policy at once (the loss does not depend on time), on the shaped link so that
         # auto decides as it does below.

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 
 from jobs import locks
@@ -122,6 +123,7 @@ def store_benchmarks(entries: Iterable[ThroughputEntry], *, over_measured: bool 
             if entry.source == Source.BENCHMARK:  # the figure stays measured; the bound is the new benchmark's
                 row.benchmark_samples_per_s = entry.samples_per_s
                 row.save(update_fields=["benchmark_samples_per_s"])
+                cache.delete(_ceilings_key(entry.job_class))
             counts["kept"] += 1
             continue
         EntryRow.objects.update_or_create(
@@ -136,6 +138,7 @@ def store_benchmarks(entries: Iterable[ThroughputEntry], *, over_measured: bool 
             },
         )
         counts["stored"] += 1
+        cache.delete(_ceilings_key(entry.job_class))
     return counts
 
 
@@ -183,15 +186,28 @@ def learn(job_id: int, job_class: str, flavor: str, devices: int, samples_per_s:
         entry.save(update_fields=["samples_per_s", "samples", "source", "updated_at"])
 
 
+# Every telemetry batch with a rate is checked against the ceilings: they are read from the database
+# at most this often per process (benchmarks change when an operator seeds them, which clears them).
+CEILINGS_TTL_S = 30
+
+
+def _ceilings_key(job_class: str) -> str:
+    return f"polychip:ceilings:{job_class}"
+
+
 def ceilings(job_class: str, flavors: Iterable[str]) -> dict[str, float]:
     """The most samples/s one device of each flavor can report for ``job_class``
     (``runtime.throughput.per_device_ceiling``, over the stored benchmark entries)."""
-    rows = EntryRow.objects.filter(job_class=job_class, benchmark_samples_per_s__isnull=False)
-    benchmarks = [
-        ThroughputEntry(row.job_class, row.flavor, row.devices, row.benchmark_samples_per_s or 0.0, Source.BENCHMARK)
-        for row in rows
-    ]
-    peaks = peak_tflops()
+    inputs = cache.get(_ceilings_key(job_class))
+    if inputs is None:
+        rows = EntryRow.objects.filter(job_class=job_class, benchmark_samples_per_s__isnull=False)
+        inputs = (
+            [(row.flavor, row.devices, row.benchmark_samples_per_s or 0.0) for row in rows],
+            peak_tflops(),
+        )
+        cache.set(_ceilings_key(job_class), inputs, CEILINGS_TTL_S)
+    entries, peaks = inputs
+    benchmarks = [ThroughputEntry(job_class, flavor, n, rate, Source.BENCHMARK) for flavor, n, rate in entries]
     return {flavor: per_device_ceiling(job_class, flavor, benchmarks, peaks) for flavor in set(flavors)}
 
 
