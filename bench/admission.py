@@ -66,21 +66,22 @@ def percentile(values: list[float], q: float) -> float:
 # --- exactness under concurrency (PostgreSQL) -----------------------------------------------------
 
 
-def setup_django() -> None:
+def setup_django(db: str = BENCH_DB, var: str = "bench") -> None:
+    """Django on a scratch PostgreSQL database ``db``, dropped and made again, migrated."""
     import psycopg
 
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (BENCH_DB,),
+            (db,),
         )
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB}")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    os.environ["DATABASE_URL"] = f"{PG}/{BENCH_DB}"
+        conn.execute(f"DROP DATABASE IF EXISTS {db}")
+        conn.execute(f"CREATE DATABASE {db}")
+    os.environ["DATABASE_URL"] = f"{PG}/{db}"
     # Tasks are published to an in-process queue that nobody consumes: the bench itself runs the
     # admission cycles, and no job is launched.
     os.environ["CELERY_BROKER_URL"] = "memory://"
-    os.environ.setdefault("POLYCHIP_VAR_DIR", str(ROOT / "var" / "bench"))
+    os.environ.setdefault("POLYCHIP_VAR_DIR", str(ROOT / "var" / var))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     import logging
 

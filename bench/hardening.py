@@ -46,8 +46,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.admission import setup_django as setup_scratch_django  # noqa: E402
+from bench.skeleton import cli, free_port  # noqa: E402
+from tests.processes import processes_mentioning  # noqa: E402
+
 BENCH_DB = "polychip_bench_hardening"
-PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 
@@ -56,34 +59,16 @@ def say(line: str) -> None:
 
 
 def setup_django() -> None:
-    import psycopg
-
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (BENCH_DB,),
-        )
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB}")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    os.environ["DATABASE_URL"] = f"{PG}/{BENCH_DB}"
-    os.environ["CELERY_BROKER_URL"] = "memory://"  # tasks go nowhere: nothing launches
-    os.environ.setdefault("POLYCHIP_VAR_DIR", str(ROOT / "var" / "bench-hardening"))
     os.environ["POLYCHIP_PASSWORD_HASHERS"] = "django.contrib.auth.hashers.MD5PasswordHasher"
     # The fuzz sends thousands of requests from one address: the throttles would answer most of them
     # 429 before the view read them, which is not what is being measured.
     os.environ["POLYCHIP_RATE_PER_TOKEN"] = os.environ["POLYCHIP_RATE_PER_ADDRESS"] = "1000000/min"
     os.environ["POLYCHIP_RATE_INGEST_PER_JOB"] = "1000000/min"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    setup_scratch_django(BENCH_DB, "bench-hardening")
     import logging
 
-    import django
-
-    django.setup()
     for name in ("django.request", "django.security", "kombu", "jobs", "axes"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 # --- the world the requests meet ---------------------------------------------------------------
@@ -437,31 +422,16 @@ def lockout_after() -> int:
 # --- a loaded host, on the embedded default -------------------------------------------------------
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _cli(env: dict[str, str], *args: str) -> None:
-    subprocess.run([sys.executable, "-m", "controlplane.cli", *args], env=env, cwd=ROOT, check=True)
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):
-            continue
-        if state not in ("Z", "X") and text in cmdline:
-            found.append(int(entry.name))
-    return found
+def _embedded_env(scratch: str, url: str, **extra: str) -> dict[str, str]:
+    """The environment of a stack on the embedded default in ``scratch``: none of this process's
+    database, broker or settings (setup_django changed them for the in-process part)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DATABASE_URL", "CELERY_", "CHANNEL_", "POLYCHIP_", "DJANGO_"))
+    }
+    env.update(POLYCHIP_VAR_DIR=scratch, POLYCHIP_PUBLIC_URL=url, **extra)
+    return env
 
 
 def _busy_loaders(count: int) -> Iterator[subprocess.Popen[bytes]]:
@@ -474,15 +444,10 @@ def loaded_host(jobs_count: int, loaders: int) -> dict[str, Any]:
 
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="polychip-bench-hardening-") as scratch:
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("DATABASE_URL", "CELERY_", "CHANNEL_", "POLYCHIP_", "DJANGO_"))
-        }
-        env.update(POLYCHIP_VAR_DIR=scratch, POLYCHIP_PUBLIC_URL=url)
-        _cli(env, "demo", "--no-job", "--port", str(port))
+        env = _embedded_env(scratch, url)
+        cli(env, "demo", "--no-job", "--port", str(port))
         busy = list(_busy_loaders(loaders))
         try:
             client = Client(url, (Path(scratch) / "demo-token").read_text().strip())
@@ -516,10 +481,10 @@ def loaded_host(jobs_count: int, loaders: int) -> dict[str, Any]:
         # A long job, then `polychip down`: nothing of it may outlive the stack.
         client.submit({**spec, "name": "long", "workload": {"steps": 100_000}})
         deadline = time.monotonic() + 120
-        while not _processes_mentioning(str(Path(scratch) / "runs")) and time.monotonic() < deadline:
+        while not processes_mentioning(str(Path(scratch) / "runs")) and time.monotonic() < deadline:
             time.sleep(0.5)
-        _cli(env, "down")
-        left = _processes_mentioning(str(Path(scratch) / "runs"))
+        cli(env, "down")
+        left = processes_mentioning(str(Path(scratch) / "runs"))
         figures["stray_processes_after_down"] = len(left)
         for pid in left:
             os.kill(pid, 9)
@@ -572,15 +537,10 @@ def restore_trials(trials: int) -> dict[str, Any]:
 
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="polychip-bench-restore-") as scratch:
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("DATABASE_URL", "CELERY_", "CHANNEL_", "POLYCHIP_", "DJANGO_"))
-        }
-        env.update(POLYCHIP_VAR_DIR=scratch, POLYCHIP_PUBLIC_URL=url, POLYCHIP_LOCAL_TELEMETRY_FILES="1")
-        _cli(env, "demo", "--no-job", "--port", str(port))
+        env = _embedded_env(scratch, url, POLYCHIP_LOCAL_TELEMETRY_FILES="1")
+        cli(env, "demo", "--no-job", "--port", str(port))
         gaps: list[float] = []
         try:
             client = Client(url, (Path(scratch) / "demo-token").read_text().strip())
@@ -637,7 +597,7 @@ def restore_trials(trials: int) -> dict[str, Any]:
                     capture_output=True,
                 )
         finally:
-            _cli(env, "down")
+            cli(env, "down")
     figures["restore_trials"] = len(gaps)
     figures["restore_loss_gap_max"] = round(max(gaps), 5) if gaps else None
     figures["restore_loss_gap_median"] = round(statistics.median(gaps), 5) if gaps else None

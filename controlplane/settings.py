@@ -67,10 +67,13 @@ SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or _local_secret_key(VAR_DIR / 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 
 
+def said_production(environ: Mapping[str, str]) -> bool:
+    return environ.get("POLYCHIP_ENV", "").strip().lower() == "production"
+
+
 def production_like(environ: Mapping[str, str], debug: bool) -> bool:
     """Said outright (POLYCHIP_ENV=production), or implied by a real database with debugging off."""
-    said = environ.get("POLYCHIP_ENV", "").strip().lower()
-    return said == "production" or (not debug and bool(environ.get("DATABASE_URL", "").strip()))
+    return said_production(environ) or (not debug and bool(environ.get("DATABASE_URL", "").strip()))
 
 
 # A production-like start refuses to run while a demo account exists (controlplane/production.py).
@@ -82,7 +85,7 @@ ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1
 # cookies sent over HTTPS only. Each setting can be changed from the environment; behind a proxy that
 # ends TLS, POLYCHIP_BEHIND_TLS_PROXY=1 trusts its X-Forwarded-Proto. `manage.py check --deploy` is
 # clean under this profile (tests/security/test_deploy_settings.py runs it).
-HTTPS_PROFILE = os.environ.get("POLYCHIP_ENV", "").strip().lower() == "production"
+HTTPS_PROFILE = said_production(os.environ)
 SECURE_SSL_REDIRECT = env_bool("POLYCHIP_SECURE_SSL_REDIRECT", HTTPS_PROFILE)
 SECURE_HSTS_SECONDS = int(os.environ.get("POLYCHIP_HSTS_SECONDS", "31536000" if HTTPS_PROFILE else "0"))
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("POLYCHIP_HSTS_INCLUDE_SUBDOMAINS", HTTPS_PROFILE)

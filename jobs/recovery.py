@@ -80,7 +80,9 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
         device = by_rank.get(failure.rank) if failure is not None else None
         what = _describe_failure(reason, device.device_id if device else None)
         recoverable = failure is None or failure.exit_code != EXIT_BAD_CONFIG
-        credit = _credit_reason(observation, failure, what)
+        # Every rank that failed on its own, not only the first.
+        observed = (observation.failures if observation is not None else ()) or ((failure,) if failure else ())
+        credit = _credit_reason(observed, what)
         if not recoverable or job.restarts >= max_restarts:
             why = (
                 what
@@ -118,8 +120,7 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
         failed_ids: frozenset[str] = frozenset()
         # A death after the platform asked this attempt to stop (a move, a drain) is the platform's.
         stopped_by_us = run is not None and run.stop_asked_at is not None
-        # Every rank that failed on its own is evidence against its device, not only the first.
-        observed = (observation.failures if observation is not None else ()) or ((failure,) if failure else ())
+        # Every rank that failed on its own is evidence against its device.
         evidence: dict[str, Failure] = {}
         for seen in observed:
             if seen.device_suspect and seen.rank in by_rank:
@@ -153,14 +154,13 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
     return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
 
 
-def _credit_reason(observation: Observation | None, failure: Failure | None, what: str) -> str:
+def _credit_reason(observed: tuple[Failure, ...], what: str) -> str:
     """Why the attempt's usage is credited, or "" when the tenant pays for it.
 
     A device's fault (a rank killed by a signal nobody on the platform sent, a lost heartbeat) or the
     platform losing the run (silence, a run the backend no longer knows) is not the tenant's doing:
     its usage is metered as always and credited. A rank that ended with an error is user code: billed.
     """
-    observed = (observation.failures if observation is not None else ()) or ((failure,) if failure else ())
     suspects = [seen for seen in observed if seen.device_suspect]
     if suspects:
         return f"a device failed: {'; '.join(_cause_in_words(seen) for seen in suspects)}"[:300]

@@ -13,7 +13,7 @@ from billing.models import UsageRecord
 from jobs import services
 from jobs.models import Allocation, Device, DeviceHealth, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
-from tests.attempts import handle_of, run_of
+from tests.attempts import handle_of, run_of, running_on
 from tests.processes import processes_mentioning
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -252,17 +252,6 @@ def test_every_device_with_evidence_against_it_counts(tenants, pool, local_backe
     services.cancel_job(tenant_id=tenants[0].id, job_id=job.id)
 
 
-def _running_on(tenant_id: int, device_ids: list[str]) -> TrainingJob:
-    spec = parse_job_spec({"name": "evidence", "devices": len(device_ids), "flavors": ["ascend-910b"]})
-    view = services.submit_job(tenant_id=tenant_id, user_id=None, spec=spec)
-    TrainingJob.objects.filter(pk=view.id).update(state=JobState.RUNNING)
-    for rank, device_id in enumerate(device_ids):
-        Allocation.objects.create(
-            job_id=view.id, device=Device.objects.get(device_id=device_id), rank=rank, started_at=timezone.now()
-        )
-    return TrainingJob.objects.get(pk=view.id)
-
-
 def _fail(job: TrainingJob, rank: int, cause: str, exit_code: int | None = None) -> None:
     import time
 
@@ -279,7 +268,7 @@ def test_one_jobs_lost_heartbeat_makes_a_suspect_and_a_second_jobs_marks_it_fail
     ascend = list(
         Device.objects.filter(flavor__name="ascend-910b").order_by("device_id").values_list("device_id", flat=True)
     )
-    first = _running_on(tenants[0].id, ascend[:2])
+    first = running_on(tenants[0].id, ascend[:2])
     _fail(first, 1, "heartbeat")
     suspect = Device.objects.get(device_id=ascend[1])
     assert suspect.health == DeviceHealth.HEALTHY
@@ -293,7 +282,7 @@ def test_one_jobs_lost_heartbeat_makes_a_suspect_and_a_second_jobs_marks_it_fail
     assert ascend[1] not in again and len(again) == 2
 
     services.cancel_job(tenant_id=tenants[0].id, job_id=first.pk)
-    second = _running_on(tenants[1].id, [ascend[1]])
+    second = running_on(tenants[1].id, [ascend[1]])
     _fail(second, 0, "heartbeat")
     assert Device.objects.get(device_id=ascend[1]).health == DeviceHealth.FAILED
     marked = JobEvent.objects.filter(job_id=second.pk, message__contains="marked failed").get().message
@@ -304,7 +293,7 @@ def test_a_rank_killed_by_a_signal_nobody_sent_marks_its_device_failed_at_once(t
     ascend = list(
         Device.objects.filter(flavor__name="ascend-910b").order_by("device_id").values_list("device_id", flat=True)
     )
-    job = _running_on(tenants[0].id, ascend[:2])
+    job = running_on(tenants[0].id, ascend[:2])
     _fail(job, 0, "signal", exit_code=-9)
     assert Device.objects.get(device_id=ascend[0]).health == DeviceHealth.FAILED
     marked = JobEvent.objects.filter(job_id=job.pk, message__contains="marked failed").get().message
@@ -319,10 +308,10 @@ def test_usage_of_an_attempt_a_device_ended_is_credited_and_user_code_failures_a
     ascend = list(
         Device.objects.filter(flavor__name="ascend-910b").order_by("device_id").values_list("device_id", flat=True)
     )
-    killed = _running_on(tenants[0].id, ascend[:2])
+    killed = running_on(tenants[0].id, ascend[:2])
     _fail(killed, 0, "signal", exit_code=-9)
     tpus = list(Device.objects.filter(flavor__name="tpu-v4").order_by("device_id").values_list("device_id", flat=True))
-    crashed = _running_on(tenants[1].id, tpus[:2])
+    crashed = running_on(tenants[1].id, tpus[:2])
     _fail(crashed, 1, "exit", exit_code=1)  # the user's code raised: the tenant pays
 
     credited = dict(UsageRecord.objects.filter(job_id=killed.pk).values_list("key", "credit_reason"))

@@ -9,23 +9,12 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs import services, throughput
-from jobs.models import Allocation, Device, JobState, ThroughputEntry, ThroughputObservation, TrainingJob
-from runtime.jobspec import parse_job_spec
+from jobs.models import ThroughputEntry, ThroughputObservation, TrainingJob
 from runtime.throughput import LEARNING_WEIGHT, Source
 from runtime.throughput import ThroughputEntry as Entry
+from tests.attempts import device_ids, running_on
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-def running_on(tenant_id: int, device_ids: list[str]) -> TrainingJob:
-    spec = {"name": "thr", "devices": len(device_ids), "flavors": ["tpu-v4", "ascend-910b"], "workload": {"steps": 50}}
-    view = services.submit_job(tenant_id=tenant_id, user_id=None, spec=parse_job_spec(spec))
-    TrainingJob.objects.filter(pk=view.id).update(state=JobState.RUNNING)
-    for rank, device_id in enumerate(device_ids):
-        Allocation.objects.create(
-            job_id=view.id, device=Device.objects.get(device_id=device_id), rank=rank, started_at=timezone.now()
-        )
-    return TrainingJob.objects.get(pk=view.id)
 
 
 def step(rank: int, number: int, flavor: str, samples_per_s: float) -> dict:
@@ -53,14 +42,8 @@ def post(job: TrainingJob, events: list[dict]) -> None:
     assert response.status_code == 200, response.content
 
 
-def devices_of(flavor: str, count: int) -> list[str]:
-    return list(Device.objects.filter(flavor__name=flavor).order_by("device_id").values_list("device_id", flat=True))[
-        :count
-    ]
-
-
 def test_a_single_flavor_job_teaches_the_table(tenants, pool):
-    job = running_on(tenants[0].id, devices_of("tpu-v4", 2))
+    job = running_on(tenants[0].id, device_ids("tpu-v4", 2))
     throughput.store_benchmarks([Entry("synthetic-mlp", "tpu-v4", 2, 500.0, Source.BENCHMARK, 40)])
 
     # Warm-up steps teach nothing; the first batch past them replaces the benchmark figure.
@@ -85,7 +68,7 @@ def test_a_single_flavor_job_teaches_the_table(tenants, pool):
 
 
 def test_a_mixed_job_teaches_nothing(tenants, pool):
-    job = running_on(tenants[0].id, devices_of("tpu-v4", 1) + devices_of("ascend-910b", 1))
+    job = running_on(tenants[0].id, device_ids("tpu-v4", 1) + device_ids("ascend-910b", 1))
     post(job, [step(0, 5, "tpu-v4", 300.0), step(1, 5, "ascend-910b", 300.0)])
     assert not ThroughputEntry.objects.exists()
     job.refresh_from_db()
@@ -104,7 +87,7 @@ def test_the_api_lists_entries_and_admission_prices_from_them(tenants, pool):
             Entry("resnet-small", "h100-sxm", 1, 250.0, Source.BENCHMARK, 20),
         ]
     )
-    job = running_on(tenants[1].id, devices_of("tpu-v4", 1))
+    job = running_on(tenants[1].id, device_ids("tpu-v4", 1))
     throughput.learn(job.pk, "resnet-small", "h100-sxm", 2, 480.0)
     body = client.get("/api/v1/throughput?job_class=resnet-small").json()
     assert [(e["flavor"], e["devices"], e["source"]) for e in body["entries"]] == [
@@ -129,7 +112,7 @@ def test_learning_waits_for_the_ingest_to_commit(tenants, pool):
 
     from jobs.telemetry import TelemetryEvent
 
-    job = running_on(tenants[0].id, devices_of("tpu-v4", 2))
+    job = running_on(tenants[0].id, device_ids("tpu-v4", 2))
     events = [TelemetryEvent(**step(0, 5, "tpu-v4", 300.0)), TelemetryEvent(**step(1, 5, "tpu-v4", 310.0))]
     with transaction.atomic():
         assert services.ingest_telemetry(job_id=job.pk, token=services.ingest_token(job), events=events) == 2
@@ -145,7 +128,7 @@ def test_a_failure_to_learn_never_fails_the_ingest(tenants, pool, monkeypatch, c
         raise RuntimeError("the table is away")
 
     monkeypatch.setattr(throughput, "learn", broken)
-    job = running_on(tenants[0].id, devices_of("tpu-v4", 2))
+    job = running_on(tenants[0].id, device_ids("tpu-v4", 2))
     post(job, [step(0, 5, "tpu-v4", 300.0), step(1, 5, "tpu-v4", 300.0)])
     job.refresh_from_db()
     assert job.steps_done == 5  # the progress is recorded
@@ -159,7 +142,7 @@ def test_learning_moves_updated_at(tenants, pool):
     throughput.store_benchmarks([Entry("synthetic-mlp", "tpu-v4", 2, 500.0, Source.BENCHMARK, 40)])
     long_ago = timezone.now() - timedelta(days=3)
     ThroughputEntry.objects.update(updated_at=long_ago)  # update() leaves auto_now alone
-    throughput.learn(running_on(tenants[0].id, devices_of("tpu-v4", 1)).pk, "synthetic-mlp", "tpu-v4", 2, 640.0)
+    throughput.learn(running_on(tenants[0].id, device_ids("tpu-v4", 1)).pk, "synthetic-mlp", "tpu-v4", 2, 640.0)
     row = ThroughputEntry.objects.get()
     assert row.samples_per_s == 640.0
     assert row.updated_at > long_ago + timedelta(days=2)

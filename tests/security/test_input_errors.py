@@ -14,8 +14,8 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs import services
-from jobs.models import Allocation, Device, JobState, TrainingJob
-from runtime.jobspec import parse_job_spec
+from jobs.models import TrainingJob
+from tests.attempts import device_ids, running_on
 
 pytestmark = pytest.mark.django_db
 
@@ -35,15 +35,6 @@ def error_of(response) -> dict:
     return response.json()["error"]
 
 
-def running_job(tenant_id: int) -> TrainingJob:
-    spec = {"name": "in", "devices": 1, "flavors": ["tpu-v4"], "workload": {"steps": 10}}
-    view = services.submit_job(tenant_id=tenant_id, user_id=None, spec=parse_job_spec(spec))
-    TrainingJob.objects.filter(pk=view.id).update(state=JobState.RUNNING)
-    device = Device.objects.filter(flavor__name="tpu-v4").order_by("device_id").first()
-    Allocation.objects.create(job_id=view.id, device=device, rank=0, started_at=timezone.now())
-    return TrainingJob.objects.get(pk=view.id)
-
-
 @pytest.mark.parametrize("depth", [40, 100_000])
 def test_deeply_nested_json_is_a_400(tenants, pool, depth):
     body = '{"name": "deep", "devices": 1, "workload": ' + nested(depth) + "}"
@@ -53,7 +44,7 @@ def test_deeply_nested_json_is_a_400(tenants, pool, depth):
 
 
 def test_the_ingest_route_checks_its_token_before_it_reads_the_body(tenants, pool):
-    job = running_job(tenants[0].id)
+    job = running_on(tenants[0].id, device_ids("tpu-v4", 1), steps=10)
     body = '{"events": ' + nested(100_000) + "}"
     url = f"/api/v1/ingest/jobs/{job.pk}/telemetry"
     refused = Client().post(url, body, content_type="application/json", headers={"Authorization": "Bearer wrong"})
@@ -105,7 +96,7 @@ def test_an_offset_out_of_range_is_a_400(tenants, offset):
 
 
 def test_a_step_past_a_32_bit_column_is_a_400(tenants, pool):
-    job = running_job(tenants[0].id)
+    job = running_on(tenants[0].id, device_ids("tpu-v4", 1), steps=10)
     event = {"kind": "step", "rank": 0, "ts": time.time(), "step": 2**31, "loss": 1.0, "samples": 4}
     response = api(services.ingest_token(job)).post(
         f"/api/v1/ingest/jobs/{job.pk}/telemetry", {"events": [event]}, content_type="application/json"
@@ -131,7 +122,7 @@ def test_a_worker_can_name_only_a_file_in_its_own_run_folder_as_the_artifact(ten
 
     from jobs.runs import run_key
 
-    job = running_job(tenants[0].id)
+    job = running_on(tenants[0].id, device_ids("tpu-v4", 1), steps=10)
     url = f"/api/v1/ingest/jobs/{job.pk}/telemetry"
     worker = api(services.ingest_token(job))
     finished = {"kind": "finished", "rank": 0, "ts": time.time()}

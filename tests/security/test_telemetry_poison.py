@@ -11,28 +11,17 @@ import time
 
 import pytest
 from django.test import Client
-from django.utils import timezone
 
 from jobs import services, throughput
-from jobs.models import Allocation, Device, JobState, ThroughputEntry, TrainingJob
-from runtime.jobspec import parse_job_spec
+from jobs.models import JobState, ThroughputEntry, TrainingJob
 from runtime.scheduling.model import MILLI
 from runtime.throughput import FIGURE_MARGIN, PEAK_MARGIN, Source
 from runtime.throughput import ThroughputEntry as Entry
+from tests.attempts import device_ids, running_on
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BENCH_PER_DEVICE = 250.0  # synthetic-mlp on one tpu-v4, as the benchmark found it
-
-
-def running_on(tenant_id: int, flavor: str, count: int, *, skip: int = 0) -> TrainingJob:
-    spec = {"name": "poison", "devices": count, "flavors": [flavor], "workload": {"steps": 500}}
-    view = services.submit_job(tenant_id=tenant_id, user_id=None, spec=parse_job_spec(spec))
-    TrainingJob.objects.filter(pk=view.id).update(state=JobState.RUNNING)
-    devices = Device.objects.filter(flavor__name=flavor).order_by("device_id")[skip : skip + count]
-    for rank, device in enumerate(devices):
-        Allocation.objects.create(job_id=view.id, device=device, rank=rank, started_at=timezone.now())
-    return TrainingJob.objects.get(pk=view.id)
 
 
 def step(rank: int, number: int, samples_per_s: float, **extra) -> dict:
@@ -70,7 +59,7 @@ def entry(devices: int = 1) -> ThroughputEntry:
 
 
 def test_a_figure_beyond_what_the_flavor_can_do_is_refused_and_changes_nothing(tenants, benchmarked):
-    job = running_on(tenants[0].id, "tpu-v4", 1)
+    job = running_on(tenants[0].id, device_ids("tpu-v4", 1), steps=500)
     assert post(job, [step(0, 5, 300.0)]).status_code == 200
     before = TrainingJob.objects.get(pk=job.pk)
     table = list(ThroughputEntry.objects.values_list("samples_per_s", "samples", "source"))
@@ -106,21 +95,21 @@ def test_the_worker_cannot_claim_a_faster_flavor_than_the_device_it_holds(tenant
             Entry("synthetic-mlp", "h100-sxm", 1, 20 * BENCH_PER_DEVICE, Source.BENCHMARK, 40),
         ]
     )
-    job = running_on(tenants[0].id, "tpu-v4", 1)
+    job = running_on(tenants[0].id, device_ids("tpu-v4", 1), steps=500)
     response = post(job, [step(0, 5, 10 * BENCH_PER_DEVICE, flavor="h100-sxm")])
     assert response.status_code == 400
     assert response.json()["error"]["field"] == "events[0].samples_per_s"
 
 
 def test_one_job_is_one_vote_in_the_shared_figure(tenants, benchmarked):
-    honest = [running_on(tenants[i % 3].id, "tpu-v4", 1, skip=i) for i in range(3)]
+    honest = [running_on(tenants[i % 3].id, device_ids("tpu-v4", 1, skip=i), steps=500) for i in range(3)]
     for number, job in enumerate(honest):
         for s in (4, 5, 6):
             assert post(job, [step(0, s, 300.0 + 10 * number)]).status_code == 200
     assert entry().samples_per_s == pytest.approx(310.0)
 
     # A fourth job reports the most its device could do, over and over: the median moves by one vote.
-    loud = running_on(tenants[0].id, "tpu-v4", 1, skip=3)
+    loud = running_on(tenants[0].id, device_ids("tpu-v4", 1, skip=3), steps=500)
     ceiling = FIGURE_MARGIN * BENCH_PER_DEVICE * 0.99
     for s in range(4, 40):
         assert post(loud, [step(0, s, ceiling)]).status_code == 200
