@@ -55,7 +55,7 @@ def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> Trainin
             state=JobState.QUEUED,
             total_steps=spec.workload.steps,
             priority=spec.priority,
-            job_class=spec.workload.kind,
+            job_class=spec.workload.job_class,
         )
         JobAttempt.objects.create(job=job, number=0)
         transitions.record_event(job, kind=JobEvent.Kind.TRANSITION, to_state=JobState.QUEUED, message="submitted")

@@ -380,3 +380,50 @@ class ThroughputObservation(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id}: {self.job_class} on {self.devices} x {self.flavor}: {self.samples_per_s:.1f}"
+
+
+class Bundle(models.Model):
+    """A tenant's training code: a tar.gz uploaded through the API, stored content-addressed.
+
+    The same bytes uploaded twice by one tenant are one bundle; another tenant's identical upload is
+    its own row (tenants never learn what others hold). The file lives at
+    ``POLYCHIP_BUNDLES_DIR/<tenant id>/<sha256>.tar.gz``; it was checked when it was uploaded
+    (``runtime.bundles``) and is checked again when a run unpacks it."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="+")
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()  # the tar.gz as uploaded
+    unpacked_bytes = models.BigIntegerField()  # the regular files inside, summed
+    files = models.PositiveIntegerField()  # regular files inside
+    name = models.CharField(max_length=255, blank=True)  # what the client called it, for people
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = models.Manager()
+    scoped = TenantScopedManager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "sha256"], name="bundle_one_per_tenant_content")]
+
+    def __str__(self) -> str:
+        return f"tenant {self.tenant_id}: sha256:{self.sha256[:12]} ({self.size_bytes} bytes)"
+
+
+class MetricPoint(models.Model):
+    """One reported scalar of a job at one step (the loss, or any name the training code reports).
+
+    A step that is trained again after a restore overwrites its earlier value: the series shows the
+    run that led to the final model. Charts read it downsampled (``jobs.metrics``)."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=64)
+    step = models.BigIntegerField()
+    value = models.FloatField()
+    attempt = models.PositiveIntegerField(default=0)
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "name", "step"], name="metric_one_point_per_step")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} {self.name}@{self.step}={self.value:g}"

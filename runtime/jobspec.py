@@ -6,13 +6,54 @@ Parsing is pure: ``parse_job_spec`` turns a mapping into a frozen ``JobSpec`` or
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
 from runtime.errors import FieldError
 
-WORKLOAD_KINDS = ("synthetic-mlp",)
+# What a job runs: a built-in model, the tenant's own Python code using the training API
+# (``runtime.sdk``), an unmodified torchrun script, or a container image (Kubernetes backend only).
+WORKLOAD_KINDS = ("builtin", "python", "torchrun", "container")
+# The kind every spec stored before there were kinds named: today's builtin synthetic MLP.
+LEGACY_KINDS = {"synthetic-mlp": "synthetic-mlp"}
+# The built-in models and the defaults that make each learn (``runtime.worker.builtin``): steps,
+# global batch, learning rate, width. A spec's own values win.
+BUILTIN_MODELS: dict[str, dict[str, Any]] = {
+    "synthetic-mlp": {"steps": 200, "global_batch": 96, "lr": 0.05, "hidden": 64},
+    "charlm": {"steps": 300, "global_batch": 32, "lr": 0.003, "hidden": 64},
+    "digits-cnn": {"steps": 200, "global_batch": 64, "lr": 0.01, "hidden": 32},
+}
+# Names a job's ``env`` may not set: the launch contract (torchrun's variables, Polychip's own) and
+# what changes how the interpreter or the loader starts.
+RESERVED_ENV = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "HOME",
+        "PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+    }
+)
+RESERVED_ENV_PREFIXES = ("POLYCHIP_", "TORCHELASTIC_", "GLOO_")
+MAX_ARGS = 256
+MAX_ENV = 64
+MAX_VALUE_CHARS = 4096
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_BUNDLE_REF = re.compile(r"^sha256:[0-9a-f]{64}$")
+_MODULE_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+_SCRIPT_ENTRY = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*\.py$")
+_IMAGE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9]+)*$")
 # How a job's global batch is split across its devices (``runtime.balancing``): by measured speed as
 # the job runs (dynamic), by the flavors' benchmark scores once (static), or evenly (equal).
 BALANCING_MODES = ("dynamic", "static", "equal")
@@ -33,12 +74,39 @@ class SpecError(FieldError):
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    kind: str = "synthetic-mlp"
+    kind: str = "builtin"
+    model: str = "synthetic-mlp"  # builtin: which built-in model (BUILTIN_MODELS)
     steps: int = 200
     global_batch: int = 96
     lr: float = 0.05
     seed: int = 0
     hidden: int = 64
+    # python and torchrun: the tenant's uploaded code ("sha256:<hex>", ``POST /api/v1/bundles``) and
+    # what to run in it: "package.module:function" (python) or a script path inside the bundle.
+    bundle: str = ""
+    entrypoint: str = ""
+    # python, torchrun, container: the program's arguments and extra environment.
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    # container: the image and its command (the Kubernetes backend runs it).
+    image: str = ""
+    command: tuple[str, ...] = ()
+
+    @property
+    def job_class(self) -> str:
+        """What the throughput table keys this workload by: a built-in model by name, user code by
+        its bundle and entrypoint (the same code measured again is the same class)."""
+        if self.kind == "builtin":
+            return self.model
+        if self.kind == "container":
+            return f"container:{self.image}"[:63]
+        return f"{self.kind}:{self.bundle.removeprefix('sha256:')[:12]}:{self.entrypoint}"[:63]
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields its kind uses (``parse_workload`` reads it back)."""
+        data = asdict(self)
+        data["args"], data["command"], data["env"] = list(self.args), list(self.command), dict(self.env)
+        return {key: value for key, value in data.items() if key in _WORKLOAD_FIELDS[self.kind]}
 
 
 @dataclass(frozen=True)
@@ -102,6 +170,7 @@ class JobSpec:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["flavors"] = list(self.flavors)
+        data["workload"] = self.workload.to_json()
         return data
 
 
@@ -130,23 +199,109 @@ def _reject_unknown(raw: dict[str, Any], allowed: set[str], prefix: str) -> None
             raise SpecError(where, f"unknown field; allowed here: {', '.join(sorted(allowed))}")
 
 
+_COMMON_WORKLOAD = {"kind", "steps", "global_batch", "lr", "seed"}
+_WORKLOAD_FIELDS = {
+    "builtin": _COMMON_WORKLOAD | {"model", "hidden"},
+    "python": _COMMON_WORKLOAD | {"bundle", "entrypoint", "args", "env"},
+    "torchrun": _COMMON_WORKLOAD | {"bundle", "entrypoint", "args", "env"},
+    "container": _COMMON_WORKLOAD | {"image", "command", "args", "env"},
+}
+
+
 def parse_workload(raw: Any) -> WorkloadSpec:
     if raw is None:
         return WorkloadSpec()
     if not isinstance(raw, dict):
-        raise SpecError("workload", 'must be an object such as {"kind": "synthetic-mlp", "steps": 200}')
-    _reject_unknown(raw, {"kind", "steps", "global_batch", "lr", "seed", "hidden"}, "workload.")
-    kind = raw.get("kind", "synthetic-mlp")
+        raise SpecError("workload", 'must be an object such as {"kind": "builtin", "model": "charlm"}')
+    kind = raw.get("kind", "builtin")
+    model = raw.get("model")
+    if isinstance(kind, str) and kind in LEGACY_KINDS:
+        if model is not None and model != LEGACY_KINDS[kind]:
+            raise SpecError("workload.model", f"kind {kind!r} is the {LEGACY_KINDS[kind]} model; leave model out")
+        kind, model = "builtin", LEGACY_KINDS[kind]
     if kind not in WORKLOAD_KINDS:
-        raise SpecError("workload.kind", f"{kind!r} is not a built-in workload; use one of {', '.join(WORKLOAD_KINDS)}")
-    return WorkloadSpec(
+        raise SpecError(
+            "workload.kind",
+            f"{kind!r} is not a workload kind; use builtin (with model: {', '.join(BUILTIN_MODELS)}), "
+            "python (your code with the training API), torchrun (an unmodified DDP script) or container",
+        )
+    allowed = _WORKLOAD_FIELDS[kind]
+    for key in raw:
+        if key not in allowed:
+            raise SpecError(f"workload.{key}", f"not used by kind {kind}; allowed here: {', '.join(sorted(allowed))}")
+    defaults = dict(BUILTIN_MODELS["synthetic-mlp"])
+    if kind == "builtin":
+        model = "synthetic-mlp" if model is None else model
+        if model not in BUILTIN_MODELS:
+            raise SpecError(
+                "workload.model", f"{model!r} is not a built-in model; use one of {', '.join(BUILTIN_MODELS)}"
+            )
+        defaults = BUILTIN_MODELS[model]
+    common = WorkloadSpec(
         kind=kind,
-        steps=_int(raw, "steps", "workload.steps", 200, 1, 1_000_000),
-        global_batch=_int(raw, "global_batch", "workload.global_batch", 96, 1, 1_048_576),
-        lr=_float(raw, "lr", "workload.lr", 0.05, 0.0, 10.0),
+        model=str(model) if kind == "builtin" else "",
+        steps=_int(raw, "steps", "workload.steps", defaults["steps"], 1, 1_000_000),
+        global_batch=_int(raw, "global_batch", "workload.global_batch", defaults["global_batch"], 1, 1_048_576),
+        lr=_float(raw, "lr", "workload.lr", defaults["lr"], 0.0, 10.0),
         seed=_int(raw, "seed", "workload.seed", 0, 0, 2**31 - 1),
-        hidden=_int(raw, "hidden", "workload.hidden", 64, 1, 8192),
     )
+    if kind == "builtin":
+        hidden = _int(raw, "hidden", "workload.hidden", defaults["hidden"], 1, 8192)
+        return replace(common, hidden=hidden)
+    args = _strings(raw, "args", "workload.args")
+    env = _env(raw.get("env"))
+    if kind == "container":
+        image = raw.get("image")
+        if not isinstance(image, str) or not _IMAGE.match(image) or len(image) > 255:
+            raise SpecError(
+                "workload.image", 'required for kind container: an image reference such as "ghcr.io/acme/train:1.2"'
+            )
+        command = _strings(raw, "command", "workload.command")
+        return replace(common, image=image, command=command, args=args, env=env)
+    bundle = raw.get("bundle")
+    if not isinstance(bundle, str) or not _BUNDLE_REF.match(bundle):
+        raise SpecError(
+            "workload.bundle",
+            f'required for kind {kind}: "sha256:<64 hex digits>" as POST /api/v1/bundles answered, got {bundle!r}',
+        )
+    entrypoint = raw.get("entrypoint")
+    script_only = kind == "torchrun"
+    if not isinstance(entrypoint, str) or not (
+        _SCRIPT_ENTRY.match(entrypoint) or (not script_only and _MODULE_ENTRY.match(entrypoint))
+    ):
+        example = '"train.py"' if script_only else '"train.py" or "mypackage.train:main"'
+        raise SpecError("workload.entrypoint", f"required for kind {kind}: a path inside the bundle such as {example}")
+    return replace(common, bundle=bundle, entrypoint=entrypoint, args=args, env=env)
+
+
+def _strings(raw: dict[str, Any], key: str, path: str) -> tuple[str, ...]:
+    value = raw.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SpecError(path, f'must be a list of strings such as ["--epochs", "3"], got {value!r}')
+    if len(value) > MAX_ARGS:
+        raise SpecError(path, f"at most {MAX_ARGS} entries, got {len(value)}")
+    for i, item in enumerate(value):
+        if len(item) > MAX_VALUE_CHARS or "\x00" in item:
+            raise SpecError(f"{path}[{i}]", f"at most {MAX_VALUE_CHARS} characters and no NUL")
+    return tuple(value)
+
+
+def _env(raw: Any) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise SpecError("workload.env", 'must be an object of names to strings such as {"EPOCHS": "3"}')
+    if len(raw) > MAX_ENV:
+        raise SpecError("workload.env", f"at most {MAX_ENV} variables, got {len(raw)}")
+    for name, value in raw.items():
+        where = f"workload.env.{name}"
+        if not _ENV_NAME.match(name):
+            raise SpecError(where, "a variable name is letters, digits and _, not starting with a digit")
+        if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+            raise SpecError(where, "is set by Polychip for every rank; choose another name")
+        if not isinstance(value, str) or len(value) > MAX_VALUE_CHARS or "\x00" in value:
+            raise SpecError(where, f"must be a string of at most {MAX_VALUE_CHARS} characters, without NUL")
+    return dict(raw)
 
 
 def parse_balancing(raw: Any) -> BalancingSpec:
@@ -300,7 +455,14 @@ def _as_written(raw: Any) -> JobSpec | None:
     sections: dict[str, Any] = {}
     for key, kind in _SECTIONS.items():
         section = raw[key]
-        if not isinstance(section, dict) or section.keys() != kind.__dataclass_fields__.keys():
+        if kind is WorkloadSpec:
+            # Written by ``WorkloadSpec.to_json``: its kind's fields only (a stored legacy kind is parsed).
+            if not isinstance(section, dict) or section.get("kind") not in WORKLOAD_KINDS:
+                return None
+            if section.keys() != _WORKLOAD_FIELDS[section["kind"]]:
+                return None
+            section = {**section, "args": tuple(section.get("args", ())), "command": tuple(section.get("command", ()))}
+        elif not isinstance(section, dict) or section.keys() != kind.__dataclass_fields__.keys():
             return None
         sections[key] = kind(**section)
     return JobSpec(**{**raw, **sections, "flavors": tuple(raw["flavors"])})

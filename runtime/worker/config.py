@@ -127,6 +127,7 @@ class WorkerConfig:
         data = asdict(self)
         extra = data.pop("extra")
         data["micro_batches"] = list(self.micro_batches)
+        data["workload"] = self.workload.to_json()
         data["balancing"] = self.balancing.to_json() if self.balancing is not None else None
         data["scores"] = list(self.scores) if self.scores is not None else None
         data["caps"] = list(self.caps) if self.caps is not None else None

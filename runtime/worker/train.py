@@ -79,7 +79,7 @@ def run(
     """Train this rank to the end; rank 0 saves the model. Owns the process group it creates.
 
     ``device_probe`` reads the device's health (its rows ride on the heartbeats)."""
-    if config.workload.kind != "synthetic-mlp":
+    if config.workload.kind != "builtin" or config.workload.model != "synthetic-mlp":
         raise ValueError(f"workload.kind {config.workload.kind!r} is not supported by this worker")
     if dist.is_initialized():
         raise RuntimeError("a torch.distributed process group already exists in this process")
