@@ -5,9 +5,10 @@ The JSON is plain dicts built from the views (the API is read-through, never a M
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, BinaryIO
 
 from runtime.scheduling.model import MILLI, NAU
 
@@ -131,6 +132,72 @@ class ThroughputEntryView:
     source: str  # benchmark, measured or estimated
     samples: int
     updated_at: datetime
+
+
+@dataclass(frozen=True)
+class MetricPointView:
+    """One point of a series: a reported step, or a bucket of steps (``jobs.metrics`` says how)."""
+
+    step: int
+    value: float  # the bucket's mean; the value itself when raw
+    min: float
+    max: float
+    last: float  # the value at the bucket's last reported step
+
+
+@dataclass(frozen=True)
+class MetricSeriesView:
+    name: str
+    points: tuple[MetricPointView, ...]
+    downsampled: bool
+    total_points: int  # reported points in the asked range, before downsampling
+
+
+@dataclass(frozen=True)
+class CheckpointFileView:
+    name: str
+    size_bytes: int
+    sha256: str  # as the checkpoint's manifest records it, checked by every restore
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """One committed checkpoint in a job's store."""
+
+    step: int
+    kind: str  # weights, or full (weights and optimizer state)
+    layers: tuple[str, ...]  # what it holds: "weights", "optimizer"
+    files: tuple[CheckpointFileView, ...]
+    created_at: datetime
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.size_bytes for f in self.files)
+
+
+@dataclass(frozen=True)
+class FinalModelView:
+    """The trained model's state_dict (``model.pt``) that the job's rank 0 wrote when it finished."""
+
+    size_bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class JobCheckpointsView:
+    checkpoints: tuple[CheckpointView, ...]  # newest first
+    final_model: FinalModelView | None
+
+
+@dataclass(frozen=True)
+class Download:
+    """A file to send: ``body`` is an open file (FileResponse) or an iterator of chunks that closes
+    what it opened when it ends or is closed (StreamingHttpResponse); never read whole into memory."""
+
+    filename: str
+    content_type: str
+    size_bytes: int | None  # None: not known before it is sent
+    body: BinaryIO | Iterator[bytes]
 
 
 # --- JSON ---------------------------------------------------------------------------------------
@@ -274,3 +341,39 @@ def throughput_entry_json(row: ThroughputEntryView) -> dict[str, Any]:
         "samples": row.samples,
         "updated_at": _time(row.updated_at),
     }
+
+
+def metric_series_json(job_id: int, series: list[MetricSeriesView]) -> dict[str, Any]:
+    return {
+        "job": job_id,
+        "series": [
+            {
+                "name": s.name,
+                "points": [
+                    {"step": p.step, "value": p.value, "min": p.min, "max": p.max, "last": p.last} for p in s.points
+                ],
+                "downsampled": s.downsampled,
+                "total_points": s.total_points,
+            }
+            for s in series
+        ],
+    }
+
+
+def checkpoint_json(checkpoint: CheckpointView, download: str) -> dict[str, Any]:
+    return {
+        "step": checkpoint.step,
+        "kind": checkpoint.kind,
+        "layers": list(checkpoint.layers),
+        "size_bytes": checkpoint.size_bytes,
+        # The store keeps a sha256 per file (its manifest), not one of the whole checkpoint.
+        "files": [{"name": f.name, "size_bytes": f.size_bytes, "sha256": f.sha256} for f in checkpoint.files],
+        "created_at": _time(checkpoint.created_at),
+        "download": download,
+    }
+
+
+def final_model_json(model: FinalModelView | None, download: str) -> dict[str, Any] | None:
+    if model is None:
+        return None
+    return {"size_bytes": model.size_bytes, "sha256": model.sha256, "download": download}

@@ -3,7 +3,9 @@
 A batch is checked first (``jobs.telemetry``), then applied under the job's row lock: each event,
 oldest first, goes to the fold for its kind, which changes the job in memory and names the fields it
 changed; the job is saved once. Rank 0 speaks for the job (its loss, its split, its exchange, its
-checkpoints); every rank speaks for its own step figures and its own device's health readings.
+checkpoints, its metrics history); every rank speaks for its own step figures and its own device's
+health readings. Rank 0's loss and named metrics are stored per step (``jobs.metrics``) in the same
+transaction, one statement a batch.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import locks, throughput, transitions
+from jobs import locks, metrics, throughput, transitions
 from jobs.errors import TelemetryRejected
 from jobs.models import Allocation, Device, JobAttempt, JobEvent, JobState, TrainingJob
 from jobs.runs import ingest_token, run_key
@@ -256,6 +258,19 @@ def _store_readings(job: TrainingJob, events: Sequence[TelemetryEvent]) -> None:
         device.save(update_fields=["health_readings", "readings_at", "unscored_rows"])
 
 
+def _metric_points(events: Sequence[TelemetryEvent]) -> list[metrics.ReportedPoint]:
+    """Rank 0's loss and named scalars, in the order they were reported (a later report of the same
+    step wins). Rank 0 speaks for the job: the other ranks report the same global loss."""
+    points: list[metrics.ReportedPoint] = []
+    for event in events:
+        if event.rank != 0 or event.step is None or event.kind not in ("step", "metrics"):
+            continue
+        if event.kind == "step" and event.loss is not None:
+            points.append(metrics.ReportedPoint(metrics.LOSS, event.step, event.loss))
+        points.extend(metrics.ReportedPoint(name, event.step, value) for name, value in event.metrics or ())
+    return points
+
+
 def _gang_speed(job: TrainingJob) -> float | None:
     """Rank 0's global batch over its step time: what the gang really does; else the sum of the
     ranks' own speeds (what it could do, balanced perfectly)."""
@@ -342,9 +357,11 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
             return 0  # late telemetry of an ended job changes nothing
         fields: set[str] = {"last_heartbeat_at"}
         job.last_heartbeat_at = timezone.now()
-        for event in sorted(events, key=lambda e: (e.ts, e.step or 0)):
+        ordered = sorted(events, key=lambda e: (e.ts, e.step or 0))
+        for event in ordered:
             fields |= _fold(job, event)
         _store_readings(job, events)
+        metrics.record_points(job.pk, job.attempt, _metric_points(ordered))
         speed = _gang_speed(job)
         if speed is not None:
             job.samples_per_s = speed

@@ -3,9 +3,9 @@
 Nothing is implemented here. The layers below, each importing only those beneath it (see
 ``jobs/README.md``; ``make lint`` enforces the order):
 
-    models, errors -> contracts -> locks -> transitions -> dispatch -> runs -> pool -> throughput
-    -> metering -> finishing -> snapshot -> admission -> recovery -> health -> ingest -> lifecycle
-    -> queries -> services
+    models, errors -> contracts -> locks -> transitions -> dispatch -> runs -> artifacts | metrics
+    -> pool -> throughput -> metering -> finishing -> snapshot -> admission -> recovery -> health
+    -> ingest -> lifecycle -> queries -> services
 
 Every state change is a claim through the transition table (``jobs.transitions``), locks are taken
 in one module in one order (``jobs.locks``), and tasks are sent by name (``jobs.dispatch``).
@@ -18,6 +18,9 @@ from jobs.admission import CycleReport as CycleReport
 from jobs.admission import admit as admit_queued_jobs
 from jobs.admission import cycle_listeners as cycle_listeners
 from jobs.admission import run_admission_cycle as run_admission_cycle
+from jobs.artifacts import checkpoint_download as checkpoint_download
+from jobs.artifacts import job_checkpoints as job_checkpoints
+from jobs.artifacts import model_download as model_download
 from jobs.contracts import JobView
 from jobs.errors import InvalidTransition as InvalidTransition
 from jobs.errors import JobNotFound as JobNotFound
@@ -37,6 +40,11 @@ from jobs.lifecycle import teardown_job as teardown_job
 from jobs.lifecycle import untorn_job_ids as untorn_job_ids
 from jobs.metering import allocated_ms as allocated_ms
 from jobs.metering import open_usage as open_usage
+from jobs.metrics import DEFAULT_POINTS as DEFAULT_METRIC_POINTS
+from jobs.metrics import MAX_POINTS as MAX_METRIC_POINTS
+from jobs.metrics import ReportedPoint as ReportedPoint
+from jobs.metrics import metric_series as metric_series
+from jobs.metrics import record_points as record_metric_points
 from jobs.pool import known_flavors as known_flavors
 from jobs.pool import pool_fabric as pool_fabric
 from jobs.pool import set_device_health as set_device_health
@@ -63,15 +71,19 @@ from jobs.throughput import throughput_matrix as throughput_matrix
 from runtime.jobspec import JobSpec
 
 __all__ = [
+    "DEFAULT_METRIC_POINTS",
+    "MAX_METRIC_POINTS",
     "CycleReport",
     "InvalidTransition",
     "JobNotFound",
+    "ReportedPoint",
     "TelemetryRejected",
     "UnknownDevices",
     "admit_queued_jobs",
     "allocated_ms",
     "cancel_job",
     "check_ingest_token",
+    "checkpoint_download",
     "cycle_listeners",
     "drain_device",
     "drain_node",
@@ -80,11 +92,14 @@ __all__ = [
     "grow_back",
     "ingest_telemetry",
     "ingest_token",
+    "job_checkpoints",
     "known_flavors",
     "latest_event_id",
     "list_events",
     "list_jobs",
     "list_throughput_entries",
+    "metric_series",
+    "model_download",
     "observe_job",
     "open_usage",
     "pool_fabric",
@@ -94,6 +109,7 @@ __all__ = [
     "queue_positions",
     "quota_usage",
     "recent_events",
+    "record_metric_points",
     "recovering_job_ids",
     "request_move",
     "retry_recovering",

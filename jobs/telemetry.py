@@ -8,6 +8,7 @@ the field that is wrong.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ KNOWN_KINDS = frozenset(
         "restored",
         "resumed",
         "stopped",
+        "metrics",
     }
 )
 
@@ -79,6 +81,9 @@ class TelemetryEvent:
     recovery: dict[str, Any] | None = None
     # A heartbeat's device health rows since the last one (``runtime.recovery.health.FEATURES``).
     device_readings: tuple[tuple[float, ...], ...] | None = None
+    # Named scalars the training code reported (``_metrics``): on a step event next to its loss, or on a
+    # "metrics" event for values reported off the step (an evaluation). Rank 0's are stored (jobs.metrics).
+    metrics: tuple[tuple[str, float], ...] | None = None
     # Where the event was in the batch ("events[3]"), for an error found after parsing.
     where: str = ""
 
@@ -274,6 +279,38 @@ def _readings(event: dict[str, Any], where: str) -> tuple[tuple[float, ...], ...
     return tuple(tuple(float(v) for v in row) for row in value)
 
 
+METRIC_NAME = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
+MAX_METRICS = 32
+# A reported scalar's magnitude: far above any loss, accuracy or perplexity, and low enough that a chart
+# bucket's sum over millions of steps stays a finite double (PostgreSQL's AVG raises on overflow).
+MAX_METRIC = 1e100
+
+
+def _metrics(event: dict[str, Any], where: str, *, required: bool) -> tuple[tuple[str, float], ...] | None:
+    value = event.get("metrics")
+    field = f"{where}.metrics"
+    if value is None:
+        if required:
+            raise InvalidTelemetry(field, 'a metrics event needs its values: {"name": number, ...}')
+        return None
+    if not isinstance(value, dict):
+        raise InvalidTelemetry(field, 'must be an object of name -> number, such as {"accuracy": 0.93}')
+    if len(value) > MAX_METRICS:
+        raise InvalidTelemetry(field, f"at most {MAX_METRICS} metrics an event, got {len(value)}")
+    out: list[tuple[str, float]] = []
+    for name, number in value.items():
+        if not isinstance(name, str) or not METRIC_NAME.fullmatch(name):
+            raise InvalidTelemetry(
+                field, f"metric name {str(name)[:80]!r} must be 1-64 letters, digits or any of _ . : / -"
+            )
+        if isinstance(number, bool) or not isinstance(number, int | float) or not math.isfinite(number):
+            raise InvalidTelemetry(f"{field}.{name}", "must be a finite number")
+        if abs(number) > MAX_METRIC:
+            raise InvalidTelemetry(f"{field}.{name}", f"must be between -{MAX_METRIC:g} and {MAX_METRIC:g}")
+        out.append((name, float(number)))
+    return tuple(out)
+
+
 def parse_events(raw: Any) -> list[TelemetryEvent]:
     if not isinstance(raw, list):
         raise InvalidTelemetry("events", 'send {"events": [{...}, ...]}')
@@ -292,6 +329,8 @@ def parse_events(raw: Any) -> list[TelemetryEvent]:
         step = _number(event, "step", where, whole=True)
         if kind == "step" and (step is None or step < 1):
             raise InvalidTelemetry(f"{where}.step", "a step event needs its step number, from 1")
+        if kind == "metrics" and step is None:
+            raise InvalidTelemetry(f"{where}.step", "a metrics event needs the step its values belong to")
         events.append(
             TelemetryEvent(
                 kind=kind,
@@ -319,6 +358,7 @@ def parse_events(raw: Any) -> list[TelemetryEvent]:
                 comm=_comm(event, kind, where),
                 recovery=_recovery(event, kind, where),
                 device_readings=_readings(event, where) if kind == "heartbeat" else None,
+                metrics=_metrics(event, where, required=kind == "metrics") if kind in ("step", "metrics") else None,
                 where=where,
             )
         )

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.api import views
+from jobs.api import artifacts, views
 
 urlpatterns = [
     path("jobs", views.JobListView.as_view(), name="api-jobs"),
@@ -8,6 +8,14 @@ urlpatterns = [
     path("jobs/<int:job_id>/cancel", views.JobCancelView.as_view(), name="api-job-cancel"),
     path("jobs/<int:job_id>/events", views.JobEventsView.as_view(), name="api-job-events"),
     path("jobs/<int:job_id>/usage", views.JobUsageView.as_view(), name="api-job-usage"),
+    path("jobs/<int:job_id>/metrics", artifacts.JobMetricsView.as_view(), name="api-job-metrics"),
+    path("jobs/<int:job_id>/checkpoints", artifacts.JobCheckpointsView.as_view(), name="api-job-checkpoints"),
+    path(
+        "jobs/<int:job_id>/checkpoints/<int:step>/download",
+        artifacts.CheckpointDownloadView.as_view(),
+        name="api-job-checkpoint-download",
+    ),
+    path("jobs/<int:job_id>/model", artifacts.ModelDownloadView.as_view(), name="api-job-model"),
     path("pool", views.PoolView.as_view(), name="api-pool"),
     path("quotas", views.QuotaView.as_view(), name="api-quotas"),
     path("queue", views.QueueView.as_view(), name="api-queue"),

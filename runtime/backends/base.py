@@ -1,4 +1,4 @@
-"""The one interface every backend implements: provision, observe, tear down.
+"""The one interface every backend implements: provision, observe, tear down, read logs.
 
 Handles are plain JSON-able dicts so the control plane can store them and any process, not only
 the one that provisioned, can observe or tear down the job.
@@ -108,6 +108,32 @@ class Observation:
     failures: tuple[Failure, ...] = ()
 
 
+@dataclass(frozen=True)
+class LogLine:
+    """One line of a rank's output, as the backend captured it."""
+
+    rank: int
+    number: int  # its place in the rank's output of this attempt, from 0 (lines the cap dropped keep theirs)
+    time: float  # unix time the backend read it
+    stream: str  # "out" or "err"
+    text: str
+
+
+@dataclass(frozen=True)
+class LogPage:
+    """A read of an attempt's logs (``Backend.logs``): lines in time order, where to go on from, and
+    what the size cap took before them."""
+
+    lines: tuple[LogLine, ...]
+    # Pass back as ``since`` to continue exactly after the last line of this page (per rank, not by time).
+    cursor: str
+    # rank -> lines that the cap dropped before the first line this read could start with (only ranks
+    # that lost some): older output is gone, or a follower fell behind by more than the cap.
+    dropped: dict[int, int] = field(default_factory=dict)
+    # The read stopped at its limit: more lines are there already.
+    more: bool = False
+
+
 class Backend(Protocol):
     name: str
 
@@ -123,4 +149,18 @@ class Backend(Protocol):
 
     def request_stop(self, handle: dict[str, Any], reason: str) -> None:
         """Ask the job's ranks to save a full checkpoint and stop (phase ``STOPPED``); idempotent."""
+        ...
+
+    def logs(
+        self,
+        handle: dict[str, Any],
+        *,
+        rank: int | None = None,
+        since: str | float | None = None,
+        limit: int = 1000,
+        tail: int | None = None,
+    ) -> LogPage:
+        """The run's captured output: one rank's or every rank's interleaved by time; ``since`` a
+        cursor from an earlier page or a unix time; ``tail`` the last lines only. Bounded by a size cap
+        per rank, oldest dropped (``LogPage.dropped`` says how many). ``ValueError`` for a bad cursor."""
         ...

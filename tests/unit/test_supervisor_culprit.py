@@ -13,7 +13,7 @@ from runtime.worker.cli import EXIT_PEER_LOST, EXIT_STOPPED
 def supervisor(tmp_path: Path, *ranks: tuple[int | None, float | None, str | None, float | None]) -> Supervisor:
     made = Supervisor(tmp_path)
     for i, (code, exited_at, cause, detected_at) in enumerate(ranks):
-        rank = _Rank(i, [], tmp_path / f"rank{i}.out", tmp_path / f"rank{i}.err")
+        rank = _Rank(i, [], tmp_path / f"rank{i}.log")
         rank.exit_code, rank.exited_at, rank.cause, rank.detected_at = code, exited_at, cause, detected_at
         made.ranks.append(rank)
     return made

@@ -6,12 +6,13 @@ Layout of a run directory ``RUNS_DIR/<job_id>/``:
 - ``rank<N>.json``: each rank's worker config; ``launch.json``: what the supervisor starts;
 - ``supervisor.pid``, ``supervisor.out``, ``supervisor.err``: the detached supervisor;
 - ``status.json``: phase, reason and per-rank pid / exit code, kept by the supervisor;
-- ``rank<N>.out``, ``rank<N>.err``: each rank's output;
+- ``rank<N>.log``, ``rank<N>.log.1``: each rank's stdout and stderr, capped per rank, oldest dropped
+  (``runtime.backends.local.logs``; read with ``logs``);
 - ``speed.rank<N>`` (optional): a float that overrides rank N's relative speed while it runs;
 - ``heartbeat.rank<N>``: touched by rank N every second; the supervisor kills a rank that goes silent;
 - ``health.rank<N>`` (on request): injects a slow degradation of rank N's emulated device;
 - ``control.json`` (on request): asks the ranks to checkpoint and stop (``request_stop``);
-- ``storehost.out``, ``storehost.err``: the c10d store's own process;
+- ``storehost.log``: the c10d store's own process's output, capped the same way;
 - ``telemetry.rank<N>.jsonl`` (when ``telemetry_files`` is on): every telemetry event of rank N.
 
 Handles are ``{"backend": "local", "run_dir": str, "job_id": str}``: any process on this host can
@@ -35,9 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import runtime
-from runtime.backends.base import Failure, LaunchRequest, Observation, Phase, RankState, vendor_groups
+from runtime.backends.base import Failure, LaunchRequest, LogPage, Observation, Phase, RankState, vendor_groups
 from runtime.backends.local import netem
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
+from runtime.backends.local.logs import DEFAULT_CAP_BYTES, check_cap, read_logs
 from runtime.backends.local.procs import pid_alive, signal_group, signal_pid
 from runtime.backends.local.supervisor import LAUNCH_FILE, PID_FILE, STATUS_FILE, STOP_FILE
 from runtime.balancing import BalancerConfig, BalancingError
@@ -101,6 +103,7 @@ class LocalBackend:
         collective_timeout_s: float = 30.0,
         heartbeat_timeout_s: float = 4.0,
         health_minutes_per_second: float = 5.0,
+        log_cap_bytes: int = DEFAULT_CAP_BYTES,
     ) -> None:
         """``profiles`` maps flavor -> {"relative_speed": float} (``Pool.local_profiles``).
 
@@ -122,6 +125,9 @@ class LocalBackend:
         Each rank reports its emulated device's health with its heartbeats, ``health_minutes_per_second``
         emulated minutes per second (``runtime.backends.local.health``); ``inject_degradation`` starts a
         slow degradation that ends in the device's death.
+
+        ``log_cap_bytes``: how much of each rank's output is kept (at least 1 MiB); past it the oldest
+        lines are dropped, and ``logs`` says how many.
         """
         if sample_time_ms < 0:
             raise ValueError(f"sample_time_ms must be >= 0, got {sample_time_ms}")
@@ -145,6 +151,7 @@ class LocalBackend:
         if not health_minutes_per_second > 0:
             raise ValueError(f"health_minutes_per_second must be > 0, got {health_minutes_per_second}")
         self.health_minutes_per_second = float(health_minutes_per_second)
+        self.log_cap_bytes = check_cap(log_cap_bytes)
 
     def link_for(self, groups: Sequence[int]) -> LinkEmulation:
         """How this backend emulates the cross-group link for a job whose ranks are in ``groups``."""
@@ -284,6 +291,7 @@ class LocalBackend:
                 "grace_s": self.grace_s,
                 "heartbeat_timeout_s": self.heartbeat_timeout_s,
                 "health_minutes_per_second": self.health_minutes_per_second,
+                "log_cap_bytes": self.log_cap_bytes,
                 "store_host": {"host": master_addr, "port": port},
                 "vendor_groups": list(groups),
                 "link": link.to_json(),
@@ -453,6 +461,21 @@ class LocalBackend:
         run_dir = self._run_dir(handle)
         if run_dir.is_dir():
             atomic_write_json(run_dir / CONTROL_FILE, {"action": "stop", "reason": reason, "at": time.time()})
+
+    # -- logs --------------------------------------------------------------------------------------
+
+    def logs(
+        self,
+        handle: dict[str, Any],
+        *,
+        rank: int | None = None,
+        since: str | float | None = None,
+        limit: int = 1000,
+        tail: int | None = None,
+    ) -> LogPage:
+        """The run's captured output (``runtime.backends.local.logs.read_logs``); empty for a run that
+        has none (yet, or any more)."""
+        return read_logs(self._run_dir(handle), rank, since, limit=limit, tail=tail)
 
     # -- benchmarks --------------------------------------------------------------------------------
 

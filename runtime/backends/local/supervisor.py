@@ -5,13 +5,14 @@ reparented away from the provisioning process (a Celery worker child may die or 
 leads its own process group, which ``teardown`` signals as a whole. It then:
 
 1. writes ``RUN_DIR/supervisor.pid`` (and launches nothing if the run was already torn down);
-2. starts one rank launcher process per rank, as described by ``RUN_DIR/launch.json``, with stdout
-   and stderr to ``RUN_DIR/rank<N>.out`` / ``rank<N>.err``;
+2. starts one rank launcher process per rank, as described by ``RUN_DIR/launch.json``, its stdout
+   and stderr read through pipes into ``RUN_DIR/rank<N>.log``, capped at launch.json's
+   ``log_cap_bytes`` per rank, oldest lines dropped (``runtime.backends.local.logs``);
 3. keeps ``RUN_DIR/status.json`` current (atomically): phase, reason, each rank's pid and exit code;
 4. if a rank exits non-zero, terminates the others (SIGTERM, then SIGKILL after ``grace_s``);
 5. when every rank has exited writes the final status, ``succeeded`` or ``failed`` with a reason that
    names the rank that failed first (a rank that only lost a peer is not blamed when another is to
-   blame) and the tail of its stderr.
+   blame), the run, and the last lines of its stderr.
 
 SIGTERM, SIGINT or SIGHUP to the supervisor tears the ranks down the same way, status ``failed``.
 
@@ -38,7 +39,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from runtime.backends.local import netem
-from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
+from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json
+from runtime.backends.local.logs import DEFAULT_CAP_BYTES, CapturedOutput, check_cap, last_lines, rank_log
 from runtime.backends.local.procs import die_with_parent, signal_pid, wants_cpu
 from runtime.worker.cli import EXIT_BAD_CONFIG, EXIT_PEER_LOST, EXIT_STOPPED
 
@@ -49,6 +51,13 @@ PID_FILE = "supervisor.pid"
 # and on every round: whichever of the two comes second sees the other, so no launch escapes.
 STOP_FILE = "stop"
 POLL_S = 0.05
+STORE_LOG = "storehost.log"
+# How long an exited process's output may take to reach its log: a grandchild that holds the pipe
+# open is not waited for longer.
+DRAIN_S = 1.0
+# A failure reason quotes the culprit's last lines, each cut to this length.
+QUOTED_LINES = 15
+QUOTED_LINE_CHARS = 400
 DEFAULT_GRACE_S = 5.0
 # A rank whose heartbeat file is older than this is declared failed and killed: a stopped or wedged
 # process keeps its sockets open, so its peers would otherwise wait out the collective timeout.
@@ -73,8 +82,7 @@ def heartbeat_lost(age_s: float, timeout_s: float, starved: Callable[[], bool]) 
 class _Rank:
     rank: int
     argv: list[str]
-    stdout: Path
-    stderr: Path
+    log: Path  # rank_log(): where its output is kept
     proc: subprocess.Popen[bytes] | None = None
     exit_code: int | None = None
     exited_at: float | None = None  # wall clock
@@ -85,6 +93,7 @@ class _Rank:
     # error code), "signal" (killed), "heartbeat" (its heartbeats stopped; the supervisor killed it).
     cause: str | None = None
     detected_at: float | None = None
+    output: CapturedOutput | None = None  # its stdout and stderr on their way to ``log``
 
 
 def _describe_exit(code: int) -> str:
@@ -122,6 +131,8 @@ class Supervisor:
         # The c10d store's own process (launch.json "store_host": {"host", "port"}), when the ranks use one.
         self.store_host: tuple[str, int] | None = None
         self.store_proc: subprocess.Popen[bytes] | None = None
+        self.store_output: CapturedOutput | None = None
+        self.log_cap_bytes = DEFAULT_CAP_BYTES
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stop_reason is None:
@@ -213,19 +224,13 @@ class Supervisor:
                     argv += ["--minutes-per-second", repr(float(launch.get("health_minutes_per_second", 1.0)))]
                 rank = int(entry["rank"])
                 heartbeat = Path(str(entry["heartbeat_file"])) if entry.get("heartbeat_file") else None
-                self.ranks.append(
-                    _Rank(
-                        rank,
-                        argv,
-                        self.run_dir / f"rank{rank}.out",
-                        self.run_dir / f"rank{rank}.err",
-                        heartbeat_file=heartbeat,
-                    )
-                )
+                log = rank_log(self.run_dir, rank)
+                self.ranks.append(_Rank(rank, argv, log, heartbeat_file=heartbeat))
             self.heartbeat_timeout_s = float(launch.get("heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S))
             store_host = launch.get("store_host")
             if isinstance(store_host, dict):
                 self.store_host = (str(store_host["host"]), int(store_host["port"]))
+            self.log_cap_bytes = check_cap(launch.get("log_cap_bytes", DEFAULT_CAP_BYTES))
         except (KeyError, TypeError, ValueError) as exc:
             return f"{self.run_dir / LAUNCH_FILE}: bad entry ({exc!r})"
         link = launch.get("link")
@@ -296,7 +301,9 @@ class Supervisor:
         if self.fabric is not None:
             argv = self.fabric.wrap(argv, self.rank_groups[0])  # beside rank 0, at its group's address
         try:
-            self.store_proc = self._start(argv, self.run_dir / "storehost.out", self.run_dir / "storehost.err", env)
+            self.store_output = CapturedOutput(self.run_dir / STORE_LOG, self.log_cap_bytes)
+            with self.store_output.pipes() as (stdout, stderr):
+                self.store_proc = self._start(argv, stdout, stderr, env)
         except OSError as exc:
             return f"the rendezvous store could not be started: {exc}"
         return None
@@ -304,9 +311,12 @@ class Supervisor:
     def _store_host_died(self) -> str | None:
         if self.store_proc is None or self.store_proc.poll() is None:
             return None
-        why = tail(self.run_dir / "storehost.err") or f"exit code {self.store_proc.returncode}"
+        if self.store_output is not None:
+            self.store_output.drain(DRAIN_S)
+        last = last_lines(self.run_dir / STORE_LOG, 1, stream="err")
+        why = last[-1].text[:QUOTED_LINE_CHARS] if last else f"exit code {self.store_proc.returncode}"
         host, port = self.store_host or ("?", 0)
-        return f"the rendezvous store on {host}:{port} exited: {why.splitlines()[-1]}"
+        return f"the rendezvous store on {host}:{port} exited: {why}"
 
     def stop_store_host(self) -> None:
         if self.store_proc is not None and self.store_proc.poll() is None:
@@ -335,22 +345,24 @@ class Supervisor:
     def spawn(self, env: dict[str, str]) -> None:
         for r in self.ranks:
             argv = self.fabric.wrap(r.argv, self.rank_groups[r.rank]) if self.fabric is not None else r.argv
-            r.proc = self._start(argv, r.stdout, r.stderr, env)
+            r.output = CapturedOutput(r.log, self.log_cap_bytes)
+            with r.output.pipes() as (stdout, stderr):
+                r.proc = self._start(argv, stdout, stderr, env)
 
-    def _start(self, argv: list[str], stdout: Path, stderr: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """A child in the run dir, its output appended to files, that dies when this supervisor does."""
+    def _start(self, argv: list[str], stdout: int, stderr: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """A child in the run dir, its stdout and stderr to these descriptors (the write ends of its
+        ``CapturedOutput``'s pipes), that dies when this supervisor does."""
         me = os.getpid()
-        with open(stdout, "ab") as out, open(stderr, "ab") as err:
-            # argv: the rank launcher that this backend wrote into launch.json (maybe inside `ip netns exec`).
-            return subprocess.Popen(  # noqa: S603 (our own launcher, no shell)
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=self.run_dir,
-                env=env,
-                preexec_fn=lambda: die_with_parent(me),
-            )
+        # argv: the rank launcher that this backend wrote into launch.json (maybe inside `ip netns exec`).
+        return subprocess.Popen(  # noqa: S603 (our own launcher, no shell)
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=self.run_dir,
+            env=env,
+            preexec_fn=lambda: die_with_parent(me),
+        )
 
     def _alive(self) -> list[tuple[_Rank, subprocess.Popen[bytes]]]:
         """Each rank that was started and has not exited, with its process."""
@@ -391,11 +403,21 @@ class Supervisor:
             reason = f"rank {culprit.rank} {_describe_exit(culprit.exit_code)}"
         else:  # not reached: a culprit either stopped its heartbeats or exited
             reason = f"rank {culprit.rank} failed"
-        stderr_tail = tail(culprit.stderr)
-        if not stderr_tail:
+        if culprit.output is not None and culprit.exit_code is not None:
+            culprit.output.drain(DRAIN_S)  # its last words may still be in the pipe
+        stream = "stderr"
+        lines = last_lines(culprit.log, QUOTED_LINES, stream="err", rank=culprit.rank)
+        if not lines:  # a program that reports its errors on stdout
+            stream, lines = "output", last_lines(culprit.log, QUOTED_LINES, rank=culprit.rank)
+        if not lines:
             return reason
-        # The worker's last line says why in one line; the tail follows for whoever digs deeper.
-        return f"{reason}: {stderr_tail.splitlines()[-1]}\n--- stderr of rank {culprit.rank} ---\n{stderr_tail}"
+        quoted = "\n".join(line.text[:QUOTED_LINE_CHARS] for line in lines)
+        run = f" (run {self.job_id})" if self.job_id else ""
+        # The last line usually says why in one line; the lines before it follow for whoever digs deeper.
+        return (
+            f"{reason}: {lines[-1].text[:QUOTED_LINE_CHARS]}\n"
+            f"--- last {len(lines)} lines of rank {culprit.rank}'s {stream}{run} ---\n{quoted}"
+        )
 
     def supervise(self) -> str:
         """Wait for the ranks, stopping them all on the first failure; returns the final phase."""
@@ -433,6 +455,7 @@ class Supervisor:
         # fabric must already be gone, not half-way through its removal.
         self.stop_store_host()
         self.teardown_link()
+        self.finish_logs()
         if self.stop_reason is not None:
             cause = self._failure_reason()
             self.write_status("failed", f"{self.stop_reason}; {cause}" if cause else self.stop_reason)
@@ -445,6 +468,14 @@ class Supervisor:
             return "failed"
         self.write_status("succeeded")
         return "succeeded"
+
+    def finish_logs(self) -> None:
+        """Let the last output of every process reach its log (its pipes end), then close the logs."""
+        deadline = time.monotonic() + 2 * DRAIN_S
+        for output in [*(r.output for r in self.ranks), self.store_output]:
+            if output is not None:
+                output.drain(max(0.0, deadline - time.monotonic()))
+                output.close()
 
     def _heartbeat_lost(self, r: _Rank, pid: int) -> bool:
         # Only once the rank's first heartbeat is there: before that it is starting (importing torch,
