@@ -15,6 +15,9 @@ from typing import Any
 
 # JSON bodies (a job spec, a telemetry batch of a few hundred events) are far below this.
 DEFAULT_LIMIT_BYTES = 4 * 1024 * 1024
+# A route that takes files of at most N bytes takes bodies of N plus this: a multipart form's boundary
+# lines and part headers around the file, and its small text fields (a name).
+UPLOAD_FRAMING_BYTES = 64 * 1024
 
 
 class BodySizeLimit:

@@ -17,6 +17,8 @@ from pathlib import Path
 import dj_database_url
 import django_stubs_ext
 
+from controlplane.body_limit import UPLOAD_FRAMING_BYTES
+
 # Django's generic classes take type arguments at runtime as they do for the type checker:
 # ``class InvoiceAdmin(admin.ModelAdmin[Invoice])`` (django-stubs' documented way).
 django_stubs_ext.monkeypatch()
@@ -320,14 +322,22 @@ POLYCHIP_MAX_QUEUED_JOBS = int(os.environ.get("POLYCHIP_MAX_QUEUED_JOBS", "1000"
 # An admission cycle weighs at most this many of each tenant's waiting jobs (by priority, then age):
 # its cost grows with what can be admitted, not with the length of one tenant's queue.
 POLYCHIP_ADMISSION_WINDOW_PER_TENANT = int(os.environ.get("POLYCHIP_ADMISSION_WINDOW_PER_TENANT", "64"))
+# Tenants' training code (POST /api/v1/bundles, checked by runtime.bundles): stored content-addressed in
+# one folder per tenant here, each tar.gz at most this large.
+POLYCHIP_BUNDLES_DIR = Path(os.environ.get("POLYCHIP_BUNDLES_DIR", VAR_DIR / "bundles"))
+POLYCHIP_BUNDLE_MAX_BYTES = int(os.environ.get("POLYCHIP_BUNDLE_MAX_BYTES", str(64 * 1024 * 1024)))
 # The largest request body any route takes (413 beyond it, before Django buffers it: body_limit.py),
-# and larger limits for routes that take uploads, as "path-prefix=bytes,..." (none yet).
+# and larger limits for routes that take uploads: the bundle upload's (the bundle and a form's framing
+# around it); "path-prefix=bytes,..." in POLYCHIP_UPLOAD_LIMITS adds routes or overrides these.
 POLYCHIP_MAX_REQUEST_BYTES = int(os.environ.get("POLYCHIP_MAX_REQUEST_BYTES", str(4 * 1024 * 1024)))
 POLYCHIP_UPLOAD_LIMITS = {
-    prefix.strip(): int(size)
-    for prefix, _, size in (
-        item.partition("=") for item in os.environ.get("POLYCHIP_UPLOAD_LIMITS", "").split(",") if "=" in item
-    )
+    "/api/v1/bundles": POLYCHIP_BUNDLE_MAX_BYTES + UPLOAD_FRAMING_BYTES,
+    **{
+        prefix.strip(): int(size)
+        for prefix, _, size in (
+            item.partition("=") for item in os.environ.get("POLYCHIP_UPLOAD_LIMITS", "").split(",") if "=" in item
+        )
+    },
 }
 POLYCHIP_BACKEND = os.environ.get("POLYCHIP_BACKEND", "local")
 POLYCHIP_POOL_FILE = os.environ.get("POLYCHIP_POOL_FILE", str(BASE_DIR / "runtime" / "pools" / "demo.yaml"))

@@ -200,6 +200,27 @@ class Download:
     body: BinaryIO | Iterator[bytes]
 
 
+@dataclass(frozen=True)
+class BundleView:
+    """A tenant's code bundle: a tar.gz stored content-addressed (``ref`` is what a job spec names)."""
+
+    tenant_id: int
+    sha256: str
+    size_bytes: int  # the tar.gz
+    files: int  # regular files inside
+    unpacked_bytes: int
+    name: str
+    created_at: datetime
+    # The regular files' names, sorted; None where they were not read (a listing reads only the rows).
+    entries: tuple[str, ...] | None = None
+    # Whether the call that returned this view stored it (False: the tenant already had these bytes).
+    created: bool = False
+
+    @property
+    def ref(self) -> str:
+        return f"sha256:{self.sha256}"
+
+
 # --- JSON ---------------------------------------------------------------------------------------
 
 
@@ -377,3 +398,22 @@ def final_model_json(model: FinalModelView | None, download: str) -> dict[str, A
     if model is None:
         return None
     return {"size_bytes": model.size_bytes, "sha256": model.sha256, "download": download}
+
+
+# A bundle's answer lists this many of its files; the rest are counted in "files".
+BUNDLE_ENTRIES_SHOWN = 100
+
+
+def bundle_json(bundle: BundleView) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "bundle": bundle.ref,
+        "sha256": bundle.sha256,
+        "size_bytes": bundle.size_bytes,
+        "files": bundle.files,
+        "unpacked_bytes": bundle.unpacked_bytes,
+        "name": bundle.name,
+        "created_at": _time(bundle.created_at),
+    }
+    if bundle.entries is not None:
+        out["entries"] = list(bundle.entries[:BUNDLE_ENTRIES_SHOWN])
+    return out

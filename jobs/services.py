@@ -3,7 +3,7 @@
 Nothing is implemented here. The layers below, each importing only those beneath it (see
 ``jobs/README.md``; ``make lint`` enforces the order):
 
-    models, errors -> contracts -> locks -> transitions -> dispatch -> runs -> artifacts | metrics
+    models, errors -> contracts -> bundles -> locks -> transitions -> dispatch -> runs -> artifacts | metrics
     -> pool -> throughput -> metering -> finishing -> snapshot -> admission -> recovery -> health
     -> ingest -> lifecycle -> queries -> services
 
@@ -21,6 +21,14 @@ from jobs.admission import run_admission_cycle as run_admission_cycle
 from jobs.artifacts import checkpoint_download as checkpoint_download
 from jobs.artifacts import job_checkpoints as job_checkpoints
 from jobs.artifacts import model_download as model_download
+from jobs.bundles import BundleNotFound as BundleNotFound
+from jobs.bundles import BundleRefused as BundleRefused
+from jobs.bundles import bundle_entrypoint as bundle_entrypoint
+from jobs.bundles import bundle_path as bundle_path
+from jobs.bundles import get_bundle as get_bundle
+from jobs.bundles import list_bundles as list_bundles
+from jobs.bundles import max_bytes as bundle_max_bytes
+from jobs.bundles import store_bundle as store_bundle
 from jobs.contracts import JobView
 from jobs.errors import InvalidTransition as InvalidTransition
 from jobs.errors import JobNotFound as JobNotFound
@@ -73,6 +81,8 @@ from runtime.jobspec import JobSpec
 __all__ = [
     "DEFAULT_METRIC_POINTS",
     "MAX_METRIC_POINTS",
+    "BundleNotFound",
+    "BundleRefused",
     "CycleReport",
     "InvalidTransition",
     "JobNotFound",
@@ -81,6 +91,9 @@ __all__ = [
     "UnknownDevices",
     "admit_queued_jobs",
     "allocated_ms",
+    "bundle_entrypoint",
+    "bundle_max_bytes",
+    "bundle_path",
     "cancel_job",
     "check_ingest_token",
     "checkpoint_download",
@@ -88,6 +101,7 @@ __all__ = [
     "drain_device",
     "drain_node",
     "finish_job",
+    "get_bundle",
     "get_job",
     "grow_back",
     "ingest_telemetry",
@@ -95,6 +109,7 @@ __all__ = [
     "job_checkpoints",
     "known_flavors",
     "latest_event_id",
+    "list_bundles",
     "list_events",
     "list_jobs",
     "list_throughput_entries",
@@ -121,6 +136,7 @@ __all__ = [
     "shrunk_job_ids",
     "stale_admitted_job_ids",
     "store_benchmarks",
+    "store_bundle",
     "submit_job",
     "sync_pool",
     "teardown_job",

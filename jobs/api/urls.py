@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.api import artifacts, views
+from jobs.api import artifacts, bundles, views
 
 urlpatterns = [
     path("jobs", views.JobListView.as_view(), name="api-jobs"),
@@ -16,6 +16,8 @@ urlpatterns = [
         name="api-job-checkpoint-download",
     ),
     path("jobs/<int:job_id>/model", artifacts.ModelDownloadView.as_view(), name="api-job-model"),
+    path("bundles", bundles.BundleListView.as_view(), name="api-bundles"),
+    path("bundles/<str:sha256>", bundles.BundleDetailView.as_view(), name="api-bundle"),
     path("pool", views.PoolView.as_view(), name="api-pool"),
     path("quotas", views.QuotaView.as_view(), name="api-quotas"),
     path("queue", views.QueueView.as_view(), name="api-queue"),

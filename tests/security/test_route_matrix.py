@@ -19,7 +19,9 @@ WebSocket routes (Channels, ``/ws/...``) are not in the URL router and are not c
 
 from __future__ import annotations
 
+import io
 import re
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -81,6 +83,8 @@ MATRIX: dict[str, Expect] = {
     "api/v1/quotas": Expect("collection", {"GET": "read"}),
     "api/v1/queue": Expect("collection", {"GET": "read"}, owner_sees=True),
     "api/v1/throughput": Expect("global", {"GET": "read"}),
+    "api/v1/bundles": Expect("collection", {"GET": "read", "POST": "submit"}, owner_sees=True),
+    "api/v1/bundles/<str:sha256>": Expect("object", {"GET": "read"}, owner_sees=True),
     # billing: a tenant's own usage, invoices and budget
     "api/v1/usage": Expect("collection", {"GET": "read"}, owner_sees=True),
     "api/v1/invoices": Expect("collection", {"GET": "read"}, owner_sees=True),
@@ -180,7 +184,7 @@ class World:
 
     def acme_state(self) -> Any:
         from billing.models import BillingAccount, Invoice, LedgerEntry
-        from jobs.models import TrainingJob
+        from jobs.models import Bundle, TrainingJob
         from tenants.models import ApiToken, Quota, Tenant
 
         return (
@@ -199,11 +203,23 @@ class World:
                 .values("id", "status", "total", "updated_at")
             ),
             list(LedgerEntry.objects.filter(tenant_id=self.acme.id).order_by("pk").values("key", "invoice_id")),
+            list(Bundle.objects.filter(tenant_id=self.acme.id).order_by("pk").values("sha256", "name")),
         )
 
 
+def _code_bundle() -> bytes:
+    """A tar.gz of one small training script: the first tenant's code bundle."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        script = b"def main():\n    pass\n"
+        info = tarfile.TarInfo("train.py")
+        info.size = len(script)
+        tar.addfile(info, io.BytesIO(script))
+    return buffer.getvalue()
+
+
 @pytest.fixture
-def world(tenants, pool) -> World:
+def world(tenants, pool, settings, tmp_path) -> World:
     from django.db import transaction
     from django.utils import timezone
 
@@ -248,6 +264,10 @@ def world(tenants, pool) -> World:
         )
     billing.relay_usage()
     invoice = billing.draft_invoice(acme.id, rating.period_of(rating.epoch_ms(now)))
+    settings.POLYCHIP_BUNDLES_DIR = tmp_path / "bundles"
+    bundle = jobs.store_bundle(
+        tenant_id=acme.id, user_id=None, upload_file=io.BytesIO(_code_bundle()), name="acme-code-7f3a"
+    )
     token = ApiToken.objects.get(tenant_id=acme.id, name="acme-ci-token-7f3a")
     prefixes = tuple(ApiToken.objects.filter(tenant_id=acme.id).values_list("prefix", flat=True))
     user = get_user_model().objects.create_user(username="op-7f3a", password="op-password-1", is_staff=True)
@@ -264,6 +284,7 @@ def world(tenants, pool) -> World:
             "tenant_id": acme.id,
             "resource": "nau",
             "invoice_id": invoice.id,
+            "sha256": bundle.sha256,
         },
         markers=(
             "acme-confidential-run-7f3a",
@@ -272,6 +293,7 @@ def world(tenants, pool) -> World:
             acme.username,
             "acme-usage-7f3a",
             invoice.number,
+            "acme-code-7f3a",
             *prefixes,
         ),
         operator=operator,
