@@ -22,8 +22,8 @@ LEGACY_KINDS = {"synthetic-mlp": "synthetic-mlp"}
 # global batch, learning rate, width. A spec's own values win.
 BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "synthetic-mlp": {"steps": 200, "global_batch": 96, "lr": 0.05, "hidden": 64},
-    "charlm": {"steps": 300, "global_batch": 32, "lr": 0.003, "hidden": 64},
-    "digits-cnn": {"steps": 200, "global_batch": 64, "lr": 0.01, "hidden": 32},
+    "charlm": {"steps": 150, "global_batch": 32, "lr": 0.003, "hidden": 64},
+    "digits-cnn": {"steps": 100, "global_batch": 64, "lr": 0.01, "hidden": 32},
 }
 # Names a job's ``env`` may not set: the launch contract (torchrun's variables, Polychip's own) and
 # what changes how the interpreter or the loader starts.

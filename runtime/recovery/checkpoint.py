@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -36,6 +36,15 @@ from runtime.jobspec import RESTORE_MODES, CheckpointSpec
 from runtime.recovery.store import CheckpointStore, StoreError
 
 CHECKPOINT_FORMAT = 1
+
+
+class OptimizerState(Protocol):
+    """What a full checkpoint keeps beside the weights: an optimizer, or the training API's
+    ``TrainingState`` (the optimizer and the objects the training code registered)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+
 KINDS = ("weights", "full")
 WEIGHTS_FILE = "weights.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -318,7 +327,7 @@ class Checkpointer:
         self,
         step: int,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
+        optimizer: OptimizerState | None,
         meta: dict[str, Any] | None = None,
     ) -> SaveRecord | None:
         """Save when the schedule says so (``kind_at``); None otherwise. Without an optimizer a
@@ -335,7 +344,7 @@ class Checkpointer:
         step: int,
         kind: str,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
+        optimizer: OptimizerState | None,
         meta: dict[str, Any] | None = None,
     ) -> SaveRecord:
         """Snapshot now and write (in the background, or before returning); see SaveRecord for what

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,10 @@ from runtime.worker.telemetry import Telemetry
 
 # How long the ranks wait for rank 0 to choose (and verify) the checkpoint to restore.
 RESTORE_TIMEOUT_S = 1800.0
+
+
+class Restorable(Protocol):
+    def load_state_dict(self, state: dict[str, Any], /) -> Any: ...
 
 
 class Stopped(Exception):
@@ -54,10 +58,11 @@ def restore(
     config: WorkerConfig,
     store: CheckpointStore | None,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Restorable | None,
     telemetry: Telemetry,
 ) -> Resumed:
-    """Load the newest usable checkpoint into ``model`` and ``optimizer`` on every rank.
+    """Load the newest usable checkpoint into ``model`` and ``optimizer`` (an optimizer, or the
+    training API's ``TrainingState``; None: weights only) on every rank.
 
     Rank 0 chooses (verifying checksums, skipping torn or corrupt checkpoints) and broadcasts the
     steps, so every rank loads the same files even if a listing raced a write."""
@@ -92,7 +97,7 @@ def restore(
         )
     restored = load(store, plan)
     model.load_state_dict(restored.model_state)
-    if restored.optimizer_state is not None:
+    if restored.optimizer_state is not None and optimizer is not None:
         optimizer.load_state_dict(restored.optimizer_state)
     elapsed = time.monotonic() - started
     if config.rank == 0:

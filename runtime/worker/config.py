@@ -117,6 +117,8 @@ class WorkerConfig:
     heartbeat_file: str | None = None
     # A JSON file whose appearance asks the job to checkpoint and stop ({"action": "stop", "reason": ...}).
     control_file: str | None = None
+    # python and torchrun workloads: the folder the job's bundle was unpacked into.
+    code_dir: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -177,14 +179,17 @@ def synthetic_mlp_activation_bytes(hidden: int) -> float:
 def memory_cap(workload: WorkloadSpec, memory_gib: float | None, budget: float = 0.7) -> int | None:
     """The most samples per micro-step that fit in ``budget`` of a device's memory (None: unknown memory).
 
+    Built-in models have a memory model (``runtime.worker.builtin.shapes``); the tenant's own code
+    has none that Polychip could know, so its ranks are not capped.
+
     Raises ``BalancingError`` (field ``memory``) when not even one sample fits."""
-    if memory_gib is None:
+    if memory_gib is None or workload.kind != "builtin":
         return None
+    from runtime.worker.builtin.shapes import memory_figures
+
+    param_count, activation_bytes = memory_figures(workload.model, workload.hidden)
     return max_micro_batch(
-        memory_gib * 2**30,
-        param_count=synthetic_mlp_param_count(workload.hidden),
-        activation_bytes_per_sample=synthetic_mlp_activation_bytes(workload.hidden),
-        budget=budget,
+        memory_gib * 2**30, param_count=param_count, activation_bytes_per_sample=activation_bytes, budget=budget
     )
 
 
@@ -321,6 +326,9 @@ def parse_config(raw: Any) -> WorkerConfig:
         raise ConfigError("rendezvous", f"{rendezvous!r}; use one of {', '.join(RENDEZVOUS_MODES)}")
     heartbeat_file = _check_type(raw, "heartbeat_file", str, optional=True)
     control_file = _check_type(raw, "control_file", str, optional=True)
+    code_dir = _check_type(raw, "code_dir", str, optional=True)
+    if workload.kind in ("python", "torchrun") and not code_dir:
+        raise ConfigError("code_dir", f"a {workload.kind} workload needs the folder its bundle was unpacked into")
     timeout = _check_type(raw, "collective_timeout_s", (int, float), optional=True)
     if timeout is not None and (isinstance(timeout, bool) or timeout <= 0):
         raise ConfigError("collective_timeout_s", f"must be a positive number of seconds, got {timeout!r}")
@@ -344,6 +352,7 @@ def parse_config(raw: Any) -> WorkerConfig:
         "rendezvous",
         "heartbeat_file",
         "control_file",
+        "code_dir",
     }
     return WorkerConfig(
         job_id=raw["job_id"],
@@ -374,6 +383,7 @@ def parse_config(raw: Any) -> WorkerConfig:
         rendezvous=rendezvous,
         heartbeat_file=heartbeat_file or None,
         control_file=control_file or None,
+        code_dir=code_dir or None,
         # Unknown keys are kept, not rejected, so a newer control plane can talk to an older worker.
         extra={k: v for k, v in raw.items() if k not in known},
     )

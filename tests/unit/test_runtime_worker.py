@@ -235,12 +235,11 @@ def test_the_memory_model_caps_micro_batches_by_device_memory() -> None:
 def test_a_rank_that_learned_of_the_stop_from_its_peers_reports_the_reason_asked(tmp_path: Path) -> None:
     """The control file appeared between two ranks' reads: the late rank stops on the all-reduce's word,
     and still names the reason the stop was asked for (it used to say "another rank was asked to stop")."""
+    from runtime.sdk.context import TrainingContext
     from runtime.worker.checkpointing import Stopped
-    from runtime.worker.train import _stop_after
 
     control = tmp_path / "control.json"
     control.write_text(json.dumps({"action": "stop", "reason": "node drained by an operator"}))
     config = parse_config(_raw(control_file=str(control)))
-    model = torch.nn.Linear(2, 1)
     with pytest.raises(Stopped, match="after step 7 with a full checkpoint: node drained by an operator"):
-        _stop_after(config, 7, None, model, torch.optim.SGD(model.parameters(), lr=0.1), None, 0.5, None)  # type: ignore[arg-type]
+        TrainingContext(config)._stop_after(7, 0.5, None)
