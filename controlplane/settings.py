@@ -27,6 +27,25 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("POLYCHIP_VAR_DIR", BASE_DIR / "var")).resolve()
 
 
+def keep_var_private(var_dir: Path) -> None:
+    """What the control plane writes is its own: files 0600 and folders 0700 from here on (the
+    database, the secret key, the broker's messages, every job's files), and var/ itself can be
+    passed through (a sandboxed rank reaches its own run by exact name, see
+    ``runtime.backends.local.sandbox``) but not listed. An older install's files are tightened too."""
+    os.umask(0o077)
+    var_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        os.chmod(var_dir, 0o711)  # noqa: S103 (traversal only, no listing)
+        for name in ("polychip.sqlite3", "polychip.sqlite3-wal", "polychip.sqlite3-shm", "secret-key"):
+            if (var_dir / name).exists():
+                os.chmod(var_dir / name, 0o600)
+    except PermissionError:  # a var/ folder owned by someone else: theirs to keep
+        pass
+
+
+keep_var_private(VAR_DIR)
+
+
 def env_bool(name: str, default: bool) -> bool:
     value = os.environ.get(name)
     if value is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -17,13 +18,14 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from jobs import dispatch, locks, recovery, throughput, transitions
+from controlplane.domain import Invalid
+from jobs import bundles, dispatch, locks, recovery, throughput, transitions
 from jobs.backends import get_backend
 from jobs.errors import InvalidTransition, JobNotFound, QueueFull
 from jobs.finishing import finish_job
 from jobs.models import TERMINAL_STATES, Flavor, JobAttempt, JobEvent, JobState, TrainingJob
 from jobs.pool import untorn_attempts
-from jobs.runs import checkpoint_url, ingest_token, run_key
+from jobs.runs import checkpoint_url, ingest_token, job_key, run_key
 from runtime.backends.base import Backend, LaunchRequest, Phase, RankPlacement
 from runtime.jobspec import JobSpec
 from tenants import services as tenants
@@ -36,7 +38,23 @@ PROVISION_CLAIM_TIMEOUT = timedelta(seconds=120)
 STOP_BEFORE_TEARDOWN_S = 20.0
 
 
+def check_workload(*, tenant_id: int, spec: JobSpec) -> None:
+    """What the spec alone cannot tell: that the tenant's bundle exists and holds the entrypoint,
+    and that this installation's backend runs the kind."""
+    workload = spec.workload
+    if workload.kind in ("python", "torchrun"):
+        bundles.bundle_entrypoint(tenant_id=tenant_id, ref=workload.bundle, entrypoint=workload.entrypoint)
+    if workload.kind == "container" and settings.POLYCHIP_BACKEND == "local":
+        raise Invalid(
+            "container workloads run their image on the Kubernetes backend (POLYCHIP_BACKEND=kubernetes); "
+            "this installation runs the local backend: use builtin, python (upload your code as a bundle) or torchrun",
+            field="workload.kind",
+            code="invalid_spec",
+        )
+
+
 def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> TrainingJob:
+    check_workload(tenant_id=tenant_id, spec=spec)
     cap = tenants.queued_jobs_cap(tenant_id)
     # A soft cap: two submissions at the same instant may both see room for one. It is there so that
     # one tenant cannot queue without end, not to count exactly.
@@ -96,7 +114,13 @@ def _launch_request(job: TrainingJob) -> LaunchRequest:
         comm=spec.comm,
         checkpoint=spec.checkpoint,
         checkpoint_url=checkpoint_url(job),
+        bundle_path=str(_bundle_file(job)) if spec.workload.bundle else None,
+        job_key=job_key(job),
     )
+
+
+def _bundle_file(job: TrainingJob) -> Path:
+    return bundles.bundle_path(tenant_id=job.tenant_id, ref=job.job_spec.workload.bundle)
 
 
 def _balancing_scores(job_class: str, flavors: Iterable[Flavor]) -> dict[str, float]:

@@ -44,6 +44,12 @@ class LaunchRequest:
     # attempts, so that each attempt starts from the newest checkpoint any earlier one left.
     checkpoint: CheckpointSpec | None = None
     checkpoint_url: str | None = None
+    # python and torchrun workloads: the job's code bundle (a tar.gz the control plane stored and
+    # checked), unpacked for each attempt.
+    bundle_path: str | None = None
+    # The job's name across its attempts (``job_id`` names one attempt): what stays the same when a
+    # job restarts, such as the user its ranks run as.
+    job_key: str = ""
 
 
 def vendor_groups(placements: tuple[RankPlacement, ...]) -> tuple[int, ...]:

@@ -38,6 +38,7 @@ import math
 import time
 import zlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Protocol
@@ -167,6 +168,8 @@ class TrainingContext:
         self._chunks_done = 0
         self._loss_sum = torch.zeros(())
         self._pending_metrics: dict[str, float] = {}
+        # What step() measured, for the end of the step: its loss, its telemetry, the stop request.
+        self._ended: _Ended | None = None
         self._last_step = 0
         self._totals = _CommTotals()
         self.losses: list[float] = []
@@ -333,7 +336,9 @@ class TrainingContext:
 
     def steps(self) -> Iterator[int]:
         """The 1-based steps left to train: from the one after the restored checkpoint to the job's
-        ``workload.steps``. Each must end with ``step()``."""
+        ``workload.steps``. Each must call ``step()``; a step ends when the code asks for the next
+        one, so whatever it updates after ``step()`` (a scheduler, a data position, a report) is in
+        that step's checkpoint and telemetry."""
         if self._exchange is None:
             raise SdkError("call prepare(model, optimizer) before steps()")
         for step in range(self.start_step, self.total_steps + 1):
@@ -341,13 +346,15 @@ class TrainingContext:
                 raise InjectedFailure(f"injected failure at step {step} (fail_at_step)")
             self._begin(step)
             yield step
-            if self._step is not None:
+            if self._ended is None:
                 raise SdkError(f"step {step}: call ctx.step() once the chunks' backward passes are done")
+            self._end_step()
 
     def _begin(self, step: int) -> None:
         if self._exchange is None:
             raise SdkError("call prepare(model, optimizer) before steps()")
         self._step = step
+        self._ended = None
         self._step_started = time.monotonic()
         self._chunks_done = 0
         self._loss_sum = torch.zeros(())
@@ -364,6 +371,10 @@ class TrainingContext:
         sample's loss (``reduction="sum"``), so that the step's gradient is the global batch's mean."""
         if self._step is None or self._exchange is None:
             raise SdkError("backward() belongs inside `for step in ctx.steps():`")
+        if self._ended is not None:
+            raise SdkError(
+                f"step {self._step}: backward() after step(); the next step's chunks come with the next step"
+            )
         chunks = self.slices()
         if self._chunks_done >= len(chunks):
             raise SdkError(
@@ -384,6 +395,8 @@ class TrainingContext:
         the job was asked to stop."""
         if self._step is None or self._exchange is None:
             raise SdkError("step() belongs inside `for step in ctx.steps():`, once per step")
+        if self._ended is not None:
+            raise SdkError(f"step {self._step}: step() was called already; once per step")
         chunks = self.slices()
         if self._chunks_done != len(chunks):
             raise SdkError(
@@ -422,8 +435,6 @@ class TrainingContext:
         if len(set(fingerprints)) > 1:
             raise RuntimeError(f"step {step}: the ranks disagree on the split (fingerprints {fingerprints})")
         self.losses.append(loss)
-        if self._checkpointer is not None and self._model is not None:
-            self._checkpointer.maybe_save(step, self._model, self._state, self._meta(step, loss))
 
         step_split = self._split
         decision: Decision | None = None
@@ -436,12 +447,11 @@ class TrainingContext:
                 decision = self._balancer.observe(step, speeds)
             decide_time = time.monotonic() - decide_started
             if decision.changed:
-                self._split = decision.split
+                self._split = decision.split  # every rank takes it from the next step on
                 if self._rebalancer is not None:
                     self._rebalancer.rebalanced(step, step_split, decision, decide_time)
 
         step_time = time.monotonic() - started
-        self._telemetry.set_progress(step)
         fields: dict[str, Any] = {
             "step": step,
             "total_steps": self.total_steps,
@@ -464,22 +474,37 @@ class TrainingContext:
             if decision is not None:
                 fields["predicted"] = [round(p, 3) for p in decision.predicted]
                 fields["efficiency"] = round(decision.efficiency, 4)
-            if self._pending_metrics:
-                fields["metrics"] = self._pending_metrics
-        self._pending_metrics = {}
-        self._telemetry.emit("step", **fields)
-        if step == self.start_step and self._restored_step > 0 and self.is_chief:
-            self._telemetry.emit(
-                "resumed", step=step, restored_step=self._restored_step, restore_s=round(self._restore_s, 4)
-            )
-        self._step, self._last_step = None, step
-        if sums[1 + 2 * world] > 0:
-            self._stop_after(step, loss, stop_reason)
+        stop = (stop_reason or "") if sums[1 + 2 * world] > 0 else None
+        self._ended = _Ended(step, loss, fields, stop)
         return loss
+
+    def _end_step(self) -> None:
+        """The step's end, once the code is done with it: checkpoint, telemetry, and the stop that
+        every rank learned of in the same all-reduce."""
+        ended = self._ended
+        if ended is None:
+            return
+        self._ended, self._step, self._last_step = None, None, ended.step
+        if self._checkpointer is not None and self._model is not None:
+            meta = self._meta(ended.step, ended.loss)
+            self._checkpointer.maybe_save(ended.step, self._model, self._state, meta)
+        self._telemetry.set_progress(ended.step)
+        fields = ended.fields
+        if self._pending_metrics:
+            fields["metrics"] = self._pending_metrics
+            self._pending_metrics = {}
+        self._telemetry.emit("step", **fields)
+        if ended.step == self.start_step and self._restored_step > 0 and self.is_chief:
+            self._telemetry.emit(
+                "resumed", step=ended.step, restored_step=self._restored_step, restore_s=round(self._restore_s, 4)
+            )
+        if ended.stop is not None:
+            self._stop_after(ended.step, ended.loss, ended.stop or None)
 
     def report(self, **metrics: float) -> None:
         """Named scalars for the job's charts (rank 0's are the job's; other ranks' are ignored).
-        Inside a step they ride with its telemetry; after ``step()`` they are filed under it."""
+        Inside a step (before or after ``step()``) they ride with its telemetry; after the loop they
+        are filed under the last step."""
         if not self.is_chief or not metrics:
             return
         values: dict[str, float] = {}
@@ -534,6 +559,9 @@ class TrainingContext:
         raise Stopped(f"stopped after step {step} with a full checkpoint: {reason}")
 
     def _finish(self) -> TrainResult:
+        # Code that left the loop after step() without asking for another step: end that step here
+        # (its checkpoint and telemetry; a stop asked for in it still stops).
+        self._end_step()
         comm_summary = self._totals.summary()
         self._telemetry.emit("comm_summary", **comm_summary)
         if self._checkpointer is not None:
@@ -554,6 +582,14 @@ class TrainingContext:
             wall_time_s=time.monotonic() - self._started,
             comm=comm_summary,
         )
+
+
+@dataclass
+class _Ended:
+    step: int
+    loss: float
+    fields: dict[str, Any]
+    stop: str | None  # None: go on; a reason (maybe empty): every rank stops after this step
 
 
 def _init_process_group(config: WorkerConfig) -> None:

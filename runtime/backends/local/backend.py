@@ -38,12 +38,15 @@ from typing import TYPE_CHECKING, Any
 import runtime
 from runtime.backends.base import Failure, LaunchRequest, LogPage, Observation, Phase, RankState, vendor_groups
 from runtime.backends.local import netem
+from runtime.backends.local import sandbox as sandbox_module
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
 from runtime.backends.local.logs import DEFAULT_CAP_BYTES, check_cap, read_logs
 from runtime.backends.local.procs import pid_alive, signal_group, signal_pid
 from runtime.backends.local.supervisor import LAUNCH_FILE, PID_FILE, STATUS_FILE, STOP_FILE
 from runtime.balancing import BalancerConfig, BalancingError
+from runtime.bundles import extract_bundle
 from runtime.comm.link import LinkEmulation
+from runtime.recovery.store import ENDPOINT_ENV as STORE_ENDPOINT_ENV
 from runtime.worker.config import WorkerConfig, initial_split, memory_cap
 
 if TYPE_CHECKING:
@@ -59,6 +62,7 @@ _START_TIMEOUT_S = 15.0
 _STARTUP_GRACE_S = 60.0
 _FINAL_PHASES = {"succeeded": Phase.SUCCEEDED, "failed": Phase.FAILED, "stopped": Phase.STOPPED}
 CONTROL_FILE = "control.json"
+WORK_DIR = "work"
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -104,6 +108,8 @@ class LocalBackend:
         heartbeat_timeout_s: float = 4.0,
         health_minutes_per_second: float = 5.0,
         log_cap_bytes: int = DEFAULT_CAP_BYTES,
+        sandbox: str = "auto",
+        sandbox_uid_base: int = sandbox_module.UID_BASE,
     ) -> None:
         """``profiles`` maps flavor -> {"relative_speed": float} (``Pool.local_profiles``).
 
@@ -128,6 +134,10 @@ class LocalBackend:
 
         ``log_cap_bytes``: how much of each rank's output is kept (at least 1 MiB); past it the oldest
         lines are dropped, and ``logs`` says how many.
+
+        ``sandbox``: ranks of ``python`` and ``torchrun`` jobs (the tenant's own code) run as a user of
+        their job (``runtime.backends.local.sandbox``): ``auto`` where this host can switch users (the
+        control plane runs as root), ``required`` (refuse to launch otherwise) or ``off``.
         """
         if sample_time_ms < 0:
             raise ValueError(f"sample_time_ms must be >= 0, got {sample_time_ms}")
@@ -152,6 +162,10 @@ class LocalBackend:
             raise ValueError(f"health_minutes_per_second must be > 0, got {health_minutes_per_second}")
         self.health_minutes_per_second = float(health_minutes_per_second)
         self.log_cap_bytes = check_cap(log_cap_bytes)
+        if sandbox not in ("auto", "off", "required"):
+            raise ValueError(f"sandbox: {sandbox!r}; use auto (where this host can switch users), off or required")
+        self.sandbox = sandbox
+        self.sandbox_uid_base = sandbox_uid_base
 
     def link_for(self, groups: Sequence[int]) -> LinkEmulation:
         """How this backend emulates the cross-group link for a job whose ranks are in ``groups``."""
@@ -235,6 +249,13 @@ class LocalBackend:
             )
             # The store's process runs inside rank 0's group's namespace, at that group's address.
             master_addr = fabric.address(groups[0])
+        run_as = self._run_as(request)
+        # The rank's own folder: its home, the unpacked bundle and, when it runs as the job's user,
+        # the files it writes (heartbeats, telemetry); the run folder itself stays the backend's.
+        work_dir = run_dir / WORK_DIR
+        work_dir.mkdir(mode=0o700, exist_ok=True)
+        written = work_dir if run_as is not None else run_dir
+        code_dir = self._unpack_bundle(request, work_dir)
         micro: tuple[int, ...] = ()
         entries = []
         for placement in sorted(request.placements, key=lambda p: p.rank):
@@ -252,7 +273,7 @@ class LocalBackend:
                 artifacts_dir=request.artifacts_dir,
                 telemetry_url=request.telemetry_url,
                 telemetry_token=request.telemetry_token,
-                telemetry_file=str(run_dir / f"telemetry.rank{rank}.jsonl") if self.telemetry_files else None,
+                telemetry_file=str(written / f"telemetry.rank{rank}.jsonl") if self.telemetry_files else None,
                 balancing=balancing,
                 scores=scores,
                 caps=caps,
@@ -263,14 +284,17 @@ class LocalBackend:
                 checkpoint=request.checkpoint,
                 checkpoint_url=request.checkpoint_url,
                 rendezvous="store_host",
-                heartbeat_file=str(run_dir / f"heartbeat.rank{rank}"),
+                heartbeat_file=str(written / f"heartbeat.rank{rank}"),
                 control_file=str(run_dir / CONTROL_FILE),
+                code_dir=str(code_dir) if code_dir is not None else None,
             )
             micro = micro or initial_split(worker).per_rank()
             config = {**worker.to_dict(), "micro_batches": list(micro)}
             config.update(self.worker_overrides.get(rank, {}))
             config_path = run_dir / f"rank{rank}.json"
             atomic_write_json(config_path, config)
+            if run_as is not None:
+                os.chown(config_path, run_as.uid, run_as.gid)  # its own token and config, nobody else's
             entries.append(
                 {
                     "rank": rank,
@@ -292,6 +316,8 @@ class LocalBackend:
                 "heartbeat_timeout_s": self.heartbeat_timeout_s,
                 "health_minutes_per_second": self.health_minutes_per_second,
                 "log_cap_bytes": self.log_cap_bytes,
+                "env": self._rank_env(request, work_dir),
+                "run_as": run_as.to_json() if run_as is not None else None,
                 "store_host": {"host": master_addr, "port": port},
                 "vendor_groups": list(groups),
                 "link": link.to_json(),
@@ -300,6 +326,83 @@ class LocalBackend:
                 "ranks": entries,
             },
         )
+
+        if run_as is not None:
+            self._hand_over(request, run_dir, work_dir, run_as)
+
+    def _run_as(self, request: LaunchRequest) -> sandbox_module.RunAs | None:
+        """The job's own user for the tenant's code, when this host can switch users (``sandbox``)."""
+        if request.workload.kind not in sandbox_module.SANDBOXED_KINDS or self.sandbox == "off":
+            return None
+        reason = sandbox_module.unavailable_reason()
+        if reason is not None:
+            if self.sandbox == "required":
+                raise ValueError(
+                    f"sandbox: ranks of {request.workload.kind} jobs must run as their own user, but {reason}"
+                )
+            return None
+        return sandbox_module.identity_for(request.job_key or request.job_id, self.sandbox_uid_base)
+
+    def _unpack_bundle(self, request: LaunchRequest, work_dir: Path) -> Path | None:
+        kind = request.workload.kind
+        if kind == "container":
+            raise ValueError(
+                "workload.kind container runs an image, which needs the Kubernetes backend "
+                "(POLYCHIP_BACKEND=kubernetes); the local backend runs builtin, python and torchrun jobs"
+            )
+        if kind not in ("python", "torchrun"):
+            return None
+        if not request.bundle_path:
+            raise ValueError(f"workload.bundle: a {kind} job needs its code bundle (LaunchRequest.bundle_path)")
+        code_dir = work_dir / "code"
+        if not code_dir.exists():
+            # Checked again as it is unpacked: the stored file must still be the bytes the tenant sent.
+            extract_bundle(
+                Path(request.bundle_path), code_dir, expected_sha256=request.workload.bundle.removeprefix("sha256:")
+            )
+        return code_dir
+
+    def _rank_env(self, request: LaunchRequest, work_dir: Path) -> dict[str, str]:
+        """Everything a rank's environment holds: what its job needs, nothing of the control plane's
+        (no database URL, no secret key, no other job's anything). The S3 settings of the checkpoint
+        store pass through, since the ranks write their checkpoints there."""
+        python_dir = str(Path(self.python).parent)
+        env = {
+            "PATH": os.pathsep.join((python_dir, "/usr/local/bin", "/usr/bin", "/bin")),
+            "HOME": str(work_dir),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(_project_root()),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "POLYCHIP_JOB_ID": request.job_id,
+            "POLYCHIP_ARTIFACTS_DIR": request.artifacts_dir,
+        }
+        if sys.platform.startswith("linux"):
+            # All ranks talk over loopback; without this gloo resolves the hostname, which fails in
+            # some containers.
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+        checkpoint_dir = _local_store_dir(request.checkpoint_url)
+        if checkpoint_dir is not None:
+            # Where a torchrun script keeps its own checkpoints: the job's store, across its attempts.
+            env["POLYCHIP_CHECKPOINT_DIR"] = str(checkpoint_dir)
+        for name, value in os.environ.items():
+            if name.startswith("AWS_") or name == STORE_ENDPOINT_ENV:
+                env[name] = value
+        env.update(request.workload.env)
+        return env
+
+    def _hand_over(self, request: LaunchRequest, run_dir: Path, work_dir: Path, run_as: sandbox_module.RunAs) -> None:
+        """Give the job's user its folders and let it reach them, and nothing else of ours."""
+        sandbox_module.hand_over(work_dir, run_as)
+        sandbox_module.hand_over(Path(request.artifacts_dir), run_as)
+        checkpoint_dir = _local_store_dir(request.checkpoint_url)
+        if checkpoint_dir is not None:
+            sandbox_module.hand_over(checkpoint_dir, run_as)
+        os.chmod(run_dir, 0o711)  # noqa: S103 (traversal only: its own files by exact name, no listing)
+        sandbox_module.make_traversable(run_dir)
 
     def _start_supervisor(self, run_dir: Path) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
@@ -454,13 +557,14 @@ class LocalBackend:
         if not minutes_to_failure > 0:
             raise ValueError(f"minutes_to_failure must be > 0, got {minutes_to_failure}")
         order = {"mode": mode, "minutes_to_failure": minutes_to_failure}
-        atomic_write_json(self._run_dir(handle) / f"health.rank{rank}", order)
+        atomic_write_json(self._run_dir(handle) / f"health.rank{rank}", order, mode=0o644)
 
     def request_stop(self, handle: dict[str, Any], reason: str) -> None:
         """Ask the ranks to save a full checkpoint and stop: they look for the control file every step."""
         run_dir = self._run_dir(handle)
         if run_dir.is_dir():
-            atomic_write_json(run_dir / CONTROL_FILE, {"action": "stop", "reason": reason, "at": time.time()})
+            order = {"action": "stop", "reason": reason, "at": time.time()}
+            atomic_write_json(run_dir / CONTROL_FILE, order, mode=0o644)  # a sandboxed rank reads it
 
     # -- logs --------------------------------------------------------------------------------------
 
@@ -496,7 +600,7 @@ class LocalBackend:
         """Change a running rank's emulated speed; it takes effect within about half a second."""
         if not math.isfinite(relative_speed) or relative_speed <= 0:
             raise ValueError(f"relative_speed must be a number > 0, got {relative_speed}")
-        atomic_write_text(self._run_dir(handle) / f"speed.rank{rank}", f"{relative_speed!r}\n")
+        atomic_write_text(self._run_dir(handle) / f"speed.rank{rank}", f"{relative_speed!r}\n", mode=0o644)
 
     def _run_dir(self, handle: dict[str, Any]) -> Path:
         if handle.get("backend") != self.name or not isinstance(handle.get("run_dir"), str):
@@ -521,6 +625,13 @@ def _balancing(request: LaunchRequest) -> tuple[BalancerConfig, tuple[float, ...
     if len(scores) != len(placements):
         scores = (1.0,) * len(placements)
     return config, scores, caps
+
+
+def _local_store_dir(url: str | None) -> Path | None:
+    """The folder of a checkpoint store on this host's file system, or None (S3, or none)."""
+    if not url or ("://" in url and not url.startswith("file://")):
+        return None
+    return Path(url.removeprefix("file://"))
 
 
 def _read_pid(path: Path) -> int | None:

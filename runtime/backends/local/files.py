@@ -8,14 +8,16 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str, mode: int = 0o600) -> None:
     """Write via a temp file, fsync and rename, so readers never see a half-written file.
 
-    Owner-only (0600): rank configs carry the job's telemetry token.
+    Owner-only (0600) unless told: rank configs carry the job's telemetry token. The control files a
+    sandboxed rank must read (a stop request, its emulated speed) are 0644.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as fh:
+            os.fchmod(fh.fileno(), mode)  # whatever the process's umask
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -24,8 +26,8 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+def atomic_write_json(path: Path, data: Any, mode: int = 0o600) -> None:
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n", mode)
 
 
 def read_json(path: Path) -> Any | None:

@@ -38,7 +38,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-from runtime.backends.local import netem
+from runtime.backends.local import netem, sandbox
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json
 from runtime.backends.local.logs import DEFAULT_CAP_BYTES, CapturedOutput, check_cap, last_lines, rank_log
 from runtime.backends.local.procs import die_with_parent, signal_pid, wants_cpu
@@ -131,6 +131,10 @@ class Supervisor:
         # The c10d store's own process (launch.json "store_host": {"host", "port"}), when the ranks use one.
         self.store_host: tuple[str, int] | None = None
         self.store_proc: subprocess.Popen[bytes] | None = None
+        # What launch.json says the ranks get: their whole environment (None: this process's, for a
+        # launch.json written before there was one) and the job's user to run them as (None: ours).
+        self.launch_env: dict[str, str] | None = None
+        self.run_as: sandbox.RunAs | None = None
         self.store_output: CapturedOutput | None = None
         self.log_cap_bytes = DEFAULT_CAP_BYTES
 
@@ -203,6 +207,15 @@ class Supervisor:
             return f"{self.run_dir / LAUNCH_FILE} is missing or not a launch description"
         self.job_id = str(launch.get("job_id", ""))
         self.grace_s = float(launch.get("grace_s", DEFAULT_GRACE_S))
+        env = launch.get("env")
+        if isinstance(env, dict):
+            self.launch_env = {str(k): str(v) for k, v in env.items()}
+        run_as = launch.get("run_as")
+        if isinstance(run_as, dict):
+            try:
+                self.run_as = sandbox.RunAs(int(run_as["uid"]), int(run_as["gid"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                return f"{self.run_dir / LAUNCH_FILE}: bad run_as ({exc!r})"
         python = str(launch.get("python") or sys.executable)
         try:
             for entry in entries:
@@ -329,7 +342,7 @@ class Supervisor:
         self.store_proc = None
 
     def rank_env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = dict(self.launch_env) if self.launch_env is not None else dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env.setdefault(var, "1")
@@ -343,13 +356,19 @@ class Supervisor:
         return env
 
     def spawn(self, env: dict[str, str]) -> None:
+        # The tenant's code starts in its unpacked bundle, where its relative paths point.
+        code = self.run_dir / "work" / "code"
+        cwd = code if code.is_dir() else self.run_dir
         for r in self.ranks:
-            argv = self.fabric.wrap(r.argv, self.rank_groups[r.rank]) if self.fabric is not None else r.argv
+            argv = sandbox.wrap(r.argv, self.run_as) if self.run_as is not None else r.argv
+            argv = self.fabric.wrap(argv, self.rank_groups[r.rank]) if self.fabric is not None else argv
             r.output = CapturedOutput(r.log, self.log_cap_bytes)
             with r.output.pipes() as (stdout, stderr):
-                r.proc = self._start(argv, stdout, stderr, env)
+                r.proc = self._start(argv, stdout, stderr, env, cwd)
 
-    def _start(self, argv: list[str], stdout: int, stderr: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _start(
+        self, argv: list[str], stdout: int, stderr: int, env: dict[str, str], cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         """A child in the run dir, its stdout and stderr to these descriptors (the write ends of its
         ``CapturedOutput``'s pipes), that dies when this supervisor does."""
         me = os.getpid()
@@ -359,7 +378,7 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
-            cwd=self.run_dir,
+            cwd=cwd or self.run_dir,
             env=env,
             preexec_fn=lambda: die_with_parent(me),
         )

@@ -1,0 +1,307 @@
+"""The tenant's own code on the local backend: ``python`` jobs through the training API, unmodified
+``torchrun`` scripts, and what the operating system lets that code touch.
+
+Real gloo ranks, real bundles (tar.gz unpacked by the backend), no control plane.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from runtime.backends.base import LaunchRequest, Phase, RankPlacement
+from runtime.backends.local import LocalBackend
+from runtime.backends.local.sandbox import unavailable_reason
+from runtime.jobspec import CheckpointSpec, WorkloadSpec
+from runtime.recovery.store import LocalStore
+from tests.runtime.conftest import REPO, wait_for, wait_until_final
+
+pytestmark = pytest.mark.runtime
+
+EXAMPLES = REPO / "runtime" / "sdk" / "examples"
+SDK_EXAMPLE = EXAMPLES / "python_sdk" / "train.py"
+DDP_EXAMPLE = EXAMPLES / "torchrun_ddp" / "train.py"
+# The example's own defaults (``sdk.init(steps=120, global_batch=64, lr=0.05, seed=0)``): a job with
+# this workload trains on the same global batches as the script run alone.
+EXAMPLE_WORKLOAD = {"steps": 120, "global_batch": 64, "lr": 0.05, "seed": 0}
+# Unlike chips: the h100 emulation runs about 3.5 times as fast as the other two.
+MIXED = ("h100-sxm", "a100-sxm", "tpu-v4")
+needs_sandbox = pytest.mark.skipif(unavailable_reason() is not None, reason=f"sandbox: {unavailable_reason()}")
+
+
+def make_bundle(folder: Path, files: dict[str, str]) -> tuple[Path, str]:
+    """A tar.gz of ``files`` (name -> text) and its content address."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "code.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return path, "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def user_request(
+    job_id: str,
+    tmp_path: Path,
+    bundle: tuple[Path, str],
+    *,
+    kind: str = "python",
+    entrypoint: str = "train.py",
+    flavors: tuple[str, ...] = MIXED,
+    checkpoint: CheckpointSpec | None = None,
+    job_key: str = "",
+    args: tuple[str, ...] = (),
+    **workload: Any,
+) -> LaunchRequest:
+    path, ref = bundle
+    placements = tuple(
+        RankPlacement(rank=i, device_id=f"dev/{i}", flavor=flavor, node="node") for i, flavor in enumerate(flavors)
+    )
+    return LaunchRequest(
+        job_id=job_id,
+        placements=placements,
+        workload=WorkloadSpec(
+            kind=kind, model="", bundle=ref, entrypoint=entrypoint, args=args, **{**EXAMPLE_WORKLOAD, **workload}
+        ),
+        telemetry_url=None,
+        telemetry_token="",
+        artifacts_dir=str(tmp_path / "artifacts" / job_id),
+        checkpoint=checkpoint,
+        checkpoint_url=str(tmp_path / "checkpoints" / (job_key or job_id))
+        if checkpoint or kind == "torchrun"
+        else None,
+        bundle_path=str(path),
+        job_key=job_key or job_id,
+    )
+
+
+def run_alone(script: Path, folder: Path) -> tuple[Path, list[str]]:
+    """The script as its author tries it: ``python train.py``, one process, no Polychip."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=folder, env=env, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder / "polychip-artifacts" / "model.pt", done.stdout.splitlines()
+
+
+def step_events(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
+    for folder in (run_dir / "work", run_dir):
+        path = folder / f"telemetry.rank{rank}.jsonl"
+        if path.exists():
+            return [e for e in map(json.loads, path.read_text().splitlines()) if e["kind"] == "step"]
+    return []
+
+
+def final_loss(lines: list[str]) -> float:
+    losses = [float(m.group(1)) for line in lines if (m := re.search(r"loss ([0-9.]+)", line))]
+    assert losses, lines
+    return losses[-1]
+
+
+def log_text(backend: LocalBackend, handle: dict[str, Any]) -> list[str]:
+    return [line.text for line in backend.logs(handle, limit=100_000).lines]
+
+
+def test_a_python_job_on_three_uneven_ranks_trains_what_one_process_trains(
+    make_backend: Callable[..., LocalBackend], tmp_path: Path
+) -> None:
+    backend = make_backend(telemetry_files=True)
+    bundle = make_bundle(tmp_path / "bundle", {"train.py": SDK_EXAMPLE.read_text()})
+    handle = backend.provision(user_request("py-exact", tmp_path, bundle))
+    observation = wait_until_final(backend, handle, timeout_s=240)
+    assert observation.phase == Phase.SUCCEEDED, observation.reason
+
+    alone, _ = run_alone(SDK_EXAMPLE, tmp_path / "alone")
+    gang = torch.load(tmp_path / "artifacts" / "py-exact" / "model.pt", weights_only=True)
+    reference = torch.load(alone, weights_only=True)
+    assert gang.keys() == reference.keys()
+    for name, tensor in reference.items():
+        torch.testing.assert_close(gang[name], tensor, rtol=1e-5, atol=1e-6, msg=f"parameter {name}")
+    # The split was the balancer's, uneven across the unlike chips, and the scheduler's reports arrived.
+    events = step_events(Path(handle["run_dir"]))
+    splits = [e["split"] for e in events]
+    assert any(len(set(chunk)) > 1 for split in splits for chunk in split), splits[-1]
+    assert any("metrics" in e and "lr" in e["metrics"] for e in events)
+    assert any(line.startswith("step 120: loss") for line in log_text(backend, handle))
+
+
+def test_a_python_job_killed_mid_run_resumes_from_its_registered_state(
+    make_backend: Callable[..., LocalBackend], tmp_path: Path
+) -> None:
+    """kill -9 of a rank: the next attempt restores the model, the optimizer, the scheduler and the
+    data position, and ends where an uninterrupted run ends."""
+    backend = make_backend(telemetry_files=True, sample_time_ms=0.5)
+    bundle = make_bundle(tmp_path / "bundle", {"train.py": SDK_EXAMPLE.read_text()})
+    spec = CheckpointSpec(weights_every=10, optimizer_every=10, keep=3)
+    first = backend.provision(user_request("py-kill-a0", tmp_path, bundle, checkpoint=spec, job_key="py-kill"))
+    store = LocalStore(str(tmp_path / "checkpoints" / "py-kill"))
+    assert wait_for(lambda: len(store.names()) >= 2, timeout_s=120)
+    status = json.loads((Path(first["run_dir"]) / "status.json").read_text())
+    victim = next(r["pid"] for r in status["ranks"] if r["rank"] == 1)
+    os.kill(victim, signal.SIGKILL)
+    observation = wait_until_final(backend, first, timeout_s=60)
+    assert observation.phase == Phase.FAILED and observation.failure is not None
+    assert observation.failure.rank == 1 and observation.failure.cause == "signal"
+
+    second = backend.provision(
+        user_request("py-kill-a1", tmp_path, bundle, checkpoint=spec, job_key="py-kill", flavors=MIXED[:2])
+    )
+    observation = wait_until_final(backend, second, timeout_s=240)
+    assert observation.phase == Phase.SUCCEEDED, observation.reason
+    lines = log_text(backend, second)
+    resumed = [line for line in lines if line.startswith("resumed at step")]
+    assert resumed, lines[:20]
+    restored_step = int(resumed[0].split()[3]) - 1
+    assert restored_step >= 10 and f"(data position {restored_step})" in resumed[0]
+
+    _, alone = run_alone(SDK_EXAMPLE, tmp_path / "alone")
+    assert final_loss(lines) == pytest.approx(final_loss(alone), rel=0.01)
+
+
+def test_an_unmodified_torchrun_script_runs_on_two_ranks(
+    make_backend: Callable[..., LocalBackend], tmp_path: Path
+) -> None:
+    backend = make_backend()
+    bundle = make_bundle(tmp_path / "bundle", {"train.py": DDP_EXAMPLE.read_text()})
+    request = user_request(
+        "ddp", tmp_path, bundle, kind="torchrun", flavors=("h100-sxm", "a100-sxm"), args=("--steps", "40")
+    )
+    handle = backend.provision(request)
+    observation = wait_until_final(backend, handle, timeout_s=180)
+    assert observation.phase == Phase.SUCCEEDED, observation.reason
+    lines = log_text(backend, handle)
+    assert "done" in lines and any(line.startswith("step 40: loss") for line in lines)
+    # Its own checkpoint went to the job's store folder ($POLYCHIP_CHECKPOINT_DIR).
+    assert (tmp_path / "checkpoints" / "ddp" / "ddp-example.pt").exists()
+
+
+def test_a_python_entrypoint_that_never_uses_the_training_api_fails_and_says_why(
+    make_backend: Callable[..., LocalBackend], tmp_path: Path
+) -> None:
+    backend = make_backend()
+    bundle = make_bundle(tmp_path / "bundle", {"job/main.py": "def run():\n    print('hello')\n"})
+    request = user_request("no-sdk", tmp_path, bundle, entrypoint="job.main:run", flavors=("h100-sxm",))
+    observation = wait_until_final(backend, backend.provision(request), timeout_s=120)
+    assert observation.phase == Phase.FAILED
+    assert "without calling runtime.sdk.init()" in observation.reason
+
+
+def test_a_container_job_is_refused_by_the_local_backend_naming_kubernetes(
+    make_backend: Callable[..., LocalBackend], tmp_path: Path
+) -> None:
+    backend = make_backend()
+    request = LaunchRequest(
+        job_id="image",
+        placements=(RankPlacement(rank=0, device_id="dev/0", flavor="h100-sxm", node="node"),),
+        workload=WorkloadSpec(kind="container", model="", image="ghcr.io/acme/train:1"),
+        telemetry_url=None,
+        telemetry_token="",
+        artifacts_dir=str(tmp_path / "artifacts"),
+    )
+    with pytest.raises(ValueError, match="Kubernetes backend"):
+        backend.provision(request)
+
+
+PROBE = """
+import json, os
+from pathlib import Path
+
+def attempt(path):
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            Path(path).read_bytes()
+        return "read"
+    except PermissionError:
+        return "refused"
+    except OSError as exc:
+        return f"error {exc.errno}"
+
+def main():
+    targets = json.loads(os.environ["PROBE_TARGETS"])
+    found = {name: attempt(path) for name, path in targets.items()}
+    found["env"] = sorted(os.environ)
+    found["uid"] = os.getuid()
+    Path(os.environ["POLYCHIP_ARTIFACTS_DIR"], "probe.json").write_text(json.dumps(found))
+    import torch
+    from runtime import sdk
+    with sdk.init() as ctx:
+        model = torch.nn.Linear(2, 1)
+        ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        for _ in ctx.steps():
+            for lo, hi in ctx.slices():
+                ctx.backward(model(torch.ones(hi - lo, 2)).sum())
+            ctx.step()
+
+main()
+"""
+
+
+@needs_sandbox
+def test_user_code_cannot_read_the_control_planes_secrets_or_other_jobs_runs(
+    make_backend: Callable[..., LocalBackend], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A python job on the local backend, run by root: the operating system refuses its reads of the
+    database file, the secret key, the var folder's listing and another job's run; its environment
+    holds none of the control plane's settings."""
+    var = tmp_path / "var"
+    var.mkdir(mode=0o711)
+    os.chmod(var, 0o711)  # noqa: S103 (what controlplane.settings.keep_var_private leaves)
+    for name in ("polychip.sqlite3", "secret-key"):
+        (var / name).write_text("secret")
+        os.chmod(var / name, 0o600)
+    other = var / "runs" / "other-job" / "work"
+    other.mkdir(parents=True)
+    (other / "train.py").write_text("theirs")
+    os.chmod(other, 0o700)
+    monkeypatch.setenv("DATABASE_URL", "postgres://admin:pw@db/polychip")
+    monkeypatch.setenv("DJANGO_SECRET_KEY", "not-for-tenants")
+    targets = {
+        "database": str(var / "polychip.sqlite3"),
+        "secret_key": str(var / "secret-key"),
+        "var_listing": str(var),
+        "other_run_code": str(other / "train.py"),
+        "other_run_folder": str(other),
+    }
+    backend = LocalBackend(var / "runs", make_backend().profiles, sample_time_ms=0.1, sandbox="required")
+    bundle = make_bundle(tmp_path / "bundle", {"probe.py": PROBE})
+    request = user_request(
+        "probe", tmp_path, bundle, entrypoint="probe.py", flavors=("h100-sxm",), steps=2, global_batch=4
+    )
+    request = LaunchRequest(
+        **{
+            **request.__dict__,
+            "artifacts_dir": str(var / "artifacts" / "probe"),
+            "workload": WorkloadSpec(**{**request.workload.__dict__, "env": {"PROBE_TARGETS": json.dumps(targets)}}),
+        }
+    )
+    handle = backend.provision(request)
+    try:
+        observation = wait_until_final(backend, handle, timeout_s=120)
+        assert observation.phase == Phase.SUCCEEDED, observation.reason
+    finally:
+        backend.teardown(handle)
+    found = json.loads((var / "artifacts" / "probe" / "probe.json").read_text())
+    assert found["uid"] != 0
+    for name in targets:
+        assert found[name] == "refused", (name, found[name])
+    assert "DATABASE_URL" not in found["env"] and "DJANGO_SECRET_KEY" not in found["env"]
+    assert {"PROBE_TARGETS", "POLYCHIP_JOB_ID", "HOME"} <= set(found["env"])
