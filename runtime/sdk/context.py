@@ -501,7 +501,7 @@ class TrainingContext:
         if ended.stop is not None:
             self._stop_after(ended.step, ended.loss, ended.stop or None)
 
-    def report(self, **metrics: float) -> None:
+    def report(self, **metrics: float | torch.Tensor) -> None:
         """Named scalars for the job's charts (rank 0's are the job's; other ranks' are ignored).
         Inside a step (before or after ``step()``) they ride with its telemetry; after the loop they
         are filed under the last step."""

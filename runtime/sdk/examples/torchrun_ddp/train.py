@@ -50,7 +50,7 @@ def main() -> None:
         x, y = inputs[window : window + args.batch], labels[window : window + args.batch]
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch: no annotations
         optimizer.step()
         if rank == 0 and step % 20 == 0:
             print(f"step {step}: loss {loss.item():.4f}", flush=True)
