@@ -38,7 +38,7 @@ DEMO_SPEC: dict[str, Any] = {
     "name": "demo-mixed-mlp",
     "devices": 3,
     "flavors": ["h100-sxm", "a100-sxm"],
-    "workload": {"kind": "synthetic-mlp", "steps": 300, "global_batch": 96, "lr": 0.05, "seed": 7},
+    "workload": {"kind": "builtin", "model": "synthetic-mlp", "steps": 300, "global_batch": 96, "lr": 0.05, "seed": 7},
 }
 
 

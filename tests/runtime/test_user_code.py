@@ -6,16 +6,13 @@ Real gloo ranks, real bundles (tar.gz unpacked by the backend), no control plane
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import re
+import shutil
 import signal
-import subprocess
-import sys
-import tarfile
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,78 +24,24 @@ from runtime.backends.local import LocalBackend
 from runtime.backends.local.sandbox import unavailable_reason
 from runtime.jobspec import CheckpointSpec, WorkloadSpec
 from runtime.recovery.store import LocalStore
-from tests.runtime.conftest import REPO, wait_for, wait_until_final
+from tests.runtime.conftest import wait_for, wait_until_final
+from tests.usercode import DDP_EXAMPLE, MIXED, SDK_EXAMPLE, make_bundle, run_alone, user_request
 
 pytestmark = pytest.mark.runtime
 
-EXAMPLES = REPO / "runtime" / "sdk" / "examples"
-SDK_EXAMPLE = EXAMPLES / "python_sdk" / "train.py"
-DDP_EXAMPLE = EXAMPLES / "torchrun_ddp" / "train.py"
-# The example's own defaults (``sdk.init(steps=120, global_batch=64, lr=0.05, seed=0)``): a job with
-# this workload trains on the same global batches as the script run alone.
-EXAMPLE_WORKLOAD = {"steps": 120, "global_batch": 64, "lr": 0.05, "seed": 0}
-# Unlike chips: the h100 emulation runs about 3.5 times as fast as the other two.
-MIXED = ("h100-sxm", "a100-sxm", "tpu-v4")
 needs_sandbox = pytest.mark.skipif(unavailable_reason() is not None, reason=f"sandbox: {unavailable_reason()}")
 
 
-def make_bundle(folder: Path, files: dict[str, str]) -> tuple[Path, str]:
-    """A tar.gz of ``files`` (name -> text) and its content address."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "code.tar.gz"
-    with tarfile.open(path, "w:gz") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return path, "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def user_request(
-    job_id: str,
-    tmp_path: Path,
-    bundle: tuple[Path, str],
-    *,
-    kind: str = "python",
-    entrypoint: str = "train.py",
-    flavors: tuple[str, ...] = MIXED,
-    checkpoint: CheckpointSpec | None = None,
-    job_key: str = "",
-    args: tuple[str, ...] = (),
-    **workload: Any,
-) -> LaunchRequest:
-    path, ref = bundle
-    placements = tuple(
-        RankPlacement(rank=i, device_id=f"dev/{i}", flavor=flavor, node="node") for i, flavor in enumerate(flavors)
-    )
-    return LaunchRequest(
-        job_id=job_id,
-        placements=placements,
-        workload=WorkloadSpec(
-            kind=kind, model="", bundle=ref, entrypoint=entrypoint, args=args, **{**EXAMPLE_WORKLOAD, **workload}
-        ),
-        telemetry_url=None,
-        telemetry_token="",
-        artifacts_dir=str(tmp_path / "artifacts" / job_id),
-        checkpoint=checkpoint,
-        checkpoint_url=str(tmp_path / "checkpoints" / (job_key or job_id))
-        if checkpoint or kind == "torchrun"
-        else None,
-        bundle_path=str(path),
-        job_key=job_key or job_id,
-    )
-
-
-def run_alone(script: Path, folder: Path) -> tuple[Path, list[str]]:
-    """The script as its author tries it: ``python train.py``, one process, no Polychip."""
-    folder.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=folder, env=env, capture_output=True, text=True, timeout=180, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return folder / "polychip-artifacts" / "model.pt", done.stdout.splitlines()
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A folder outside pytest's own temporary root: ranks of user code run as their job's user and
+    must pass through every folder above their run, and pytest closes its root (0700) whenever a
+    session starts."""
+    folder = Path(tempfile.mkdtemp(prefix="polychip-usercode-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def step_events(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
