@@ -266,8 +266,10 @@ def parse_workload(raw: Any) -> WorkloadSpec:
         )
     entrypoint = raw.get("entrypoint")
     script_only = kind == "torchrun"
-    if not isinstance(entrypoint, str) or not (
-        _SCRIPT_ENTRY.match(entrypoint) or (not script_only and _MODULE_ENTRY.match(entrypoint))
+    if (
+        not isinstance(entrypoint, str)
+        or not (_SCRIPT_ENTRY.match(entrypoint) or (not script_only and _MODULE_ENTRY.match(entrypoint)))
+        or any(part in (".", "..") for part in entrypoint.split("/"))
     ):
         example = '"train.py"' if script_only else '"train.py" or "mypackage.train:main"'
         raise SpecError("workload.entrypoint", f"required for kind {kind}: a path inside the bundle such as {example}")
@@ -461,7 +463,12 @@ def _as_written(raw: Any) -> JobSpec | None:
                 return None
             if section.keys() != _WORKLOAD_FIELDS[section["kind"]]:
                 return None
-            section = {**section, "args": tuple(section.get("args", ())), "command": tuple(section.get("command", ()))}
+            section = {
+                **({"model": ""} if section["kind"] != "builtin" else {}),
+                **section,
+                "args": tuple(section.get("args", ())),
+                "command": tuple(section.get("command", ())),
+            }
         elif not isinstance(section, dict) or section.keys() != kind.__dataclass_fields__.keys():
             return None
         sections[key] = kind(**section)

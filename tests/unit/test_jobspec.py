@@ -87,3 +87,78 @@ def test_checkpoints_default_to_full_saves_restored_whole_and_three_restarts_on_
     # Only weights_every given: the optimizer state goes with every save.
     assert parse_job_spec({**VALID, "checkpoint": {"weights_every": 20}}).checkpoint.optimizer_every == 20
     assert parse_job_spec(custom.to_dict()) == custom
+
+
+BUNDLE = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize(
+    ("workload", "field", "hint"),
+    [
+        ({"kind": "resnet50"}, "workload.kind", "builtin"),
+        ({"model": "gpt-5"}, "workload.model", "charlm"),
+        ({"kind": "synthetic-mlp", "model": "charlm"}, "workload.model", "leave model out"),
+        ({"kind": "builtin", "image": "x"}, "workload.image", "not used by kind builtin"),
+        ({"kind": "python"}, "workload.bundle", "POST /api/v1/bundles"),
+        ({"kind": "python", "bundle": "sha256:abc", "entrypoint": "train.py"}, "workload.bundle", "64 hex"),
+        ({"kind": "python", "bundle": BUNDLE}, "workload.entrypoint", "mypackage.train:main"),
+        ({"kind": "python", "bundle": BUNDLE, "entrypoint": "/etc/train.py"}, "workload.entrypoint", "inside"),
+        ({"kind": "python", "bundle": BUNDLE, "entrypoint": "../x.py"}, "workload.entrypoint", "inside"),
+        ({"kind": "torchrun", "bundle": BUNDLE, "entrypoint": "pkg.mod:main"}, "workload.entrypoint", "train.py"),
+        ({"kind": "python", "bundle": BUNDLE, "entrypoint": "t.py", "hidden": 3}, "workload.hidden", "not used"),
+        ({"kind": "python", "bundle": BUNDLE, "entrypoint": "t.py", "args": "--x"}, "workload.args", "list"),
+        (
+            {"kind": "python", "bundle": BUNDLE, "entrypoint": "t.py", "env": {"RANK": "1"}},
+            "workload.env.RANK",
+            "set by",
+        ),
+        (
+            {"kind": "python", "bundle": BUNDLE, "entrypoint": "t.py", "env": {"POLYCHIP_X": "1"}},
+            "workload.env.POLYCHIP_X",
+            "set by",
+        ),
+        ({"kind": "python", "bundle": BUNDLE, "entrypoint": "t.py", "env": {"1A": "1"}}, "workload.env.1A", "letters"),
+        ({"kind": "python", "bundle": BUNDLE, "entrypoint": "t.py", "env": {"A": 1}}, "workload.env.A", "string"),
+        ({"kind": "container"}, "workload.image", "ghcr.io"),
+        ({"kind": "container", "image": "Bad Image"}, "workload.image", "image reference"),
+        (
+            {"kind": "container", "image": "ghcr.io/a/b:1", "bundle": BUNDLE},
+            "workload.bundle",
+            "not used by kind container",
+        ),
+    ],
+)
+def test_each_workload_kind_names_what_is_wrong(workload, field, hint):
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec({**VALID, "workload": workload})
+    assert caught.value.field == field
+    assert hint in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        {"kind": "builtin", "model": "charlm"},
+        {"kind": "builtin", "model": "digits-cnn", "steps": 50},
+        {"kind": "python", "bundle": BUNDLE, "entrypoint": "src/train.py", "args": ["--x", "1"], "env": {"A": "b"}},
+        {"kind": "python", "bundle": BUNDLE, "entrypoint": "pkg.train:main"},
+        {"kind": "torchrun", "bundle": BUNDLE, "entrypoint": "train.py"},
+        {"kind": "container", "image": "ghcr.io/acme/train:1.2", "command": ["python", "-m", "train"]},
+    ],
+)
+def test_every_kind_round_trips_through_storage(workload):
+    spec = parse_job_spec({**VALID, "workload": workload})
+    assert parse_job_spec(spec.to_dict()) == spec
+    from runtime.jobspec import stored_job_spec
+
+    assert stored_job_spec(spec.to_dict()) == spec
+
+
+def test_a_builtin_model_gets_its_own_defaults_and_a_legacy_spec_reads_as_builtin():
+    charlm = parse_job_spec({**VALID, "workload": {"model": "charlm"}}).workload
+    assert (charlm.kind, charlm.steps, charlm.lr) == ("builtin", 150, 0.003)
+    legacy = parse_job_spec({**VALID, "workload": {"kind": "synthetic-mlp", "steps": 10}}).workload
+    assert (legacy.kind, legacy.model, legacy.steps) == ("builtin", "synthetic-mlp", 10)
+    assert legacy.job_class == "synthetic-mlp"
+    user = parse_job_spec({**VALID, "workload": {"kind": "python", "bundle": BUNDLE, "entrypoint": "t.py"}}).workload
+    assert user.job_class == "python:abababababab:t.py"
