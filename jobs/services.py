@@ -5,7 +5,7 @@ Nothing is implemented here. The layers below, each importing only those beneath
 
     models, errors -> contracts -> bundles -> locks -> transitions -> dispatch -> runs -> artifacts | metrics
     -> pool -> throughput -> metering -> finishing -> snapshot -> admission -> recovery -> health
-    -> ingest -> lifecycle -> queries -> services
+    -> ingest -> lifecycle -> queries | logs -> services
 
 Every state change is a claim through the transition table (``jobs.transitions``), locks are taken
 in one module in one order (``jobs.locks``), and tasks are sent by name (``jobs.dispatch``).
@@ -46,6 +46,10 @@ from jobs.lifecycle import running_job_ids as running_job_ids
 from jobs.lifecycle import stale_admitted_job_ids as stale_admitted_job_ids
 from jobs.lifecycle import teardown_job as teardown_job
 from jobs.lifecycle import untorn_job_ids as untorn_job_ids
+from jobs.logs import AttemptLogs as AttemptLogs
+from jobs.logs import attempt_logs as attempt_logs
+from jobs.logs import follow_logs as follow_logs
+from jobs.logs import read_logs as read_logs
 from jobs.metering import allocated_ms as allocated_ms
 from jobs.metering import open_usage as open_usage
 from jobs.metrics import DEFAULT_POINTS as DEFAULT_METRIC_POINTS
@@ -81,6 +85,7 @@ from runtime.jobspec import JobSpec
 __all__ = [
     "DEFAULT_METRIC_POINTS",
     "MAX_METRIC_POINTS",
+    "AttemptLogs",
     "BundleNotFound",
     "BundleRefused",
     "CycleReport",
@@ -91,6 +96,7 @@ __all__ = [
     "UnknownDevices",
     "admit_queued_jobs",
     "allocated_ms",
+    "attempt_logs",
     "bundle_entrypoint",
     "bundle_max_bytes",
     "bundle_path",
@@ -101,6 +107,7 @@ __all__ = [
     "drain_device",
     "drain_node",
     "finish_job",
+    "follow_logs",
     "get_bundle",
     "get_job",
     "grow_back",
@@ -123,6 +130,7 @@ __all__ = [
     "queue",
     "queue_positions",
     "quota_usage",
+    "read_logs",
     "recent_events",
     "record_metric_points",
     "recovering_job_ids",

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.api import artifacts, bundles, views
+from jobs.api import artifacts, bundles, logs, views
 
 urlpatterns = [
     path("jobs", views.JobListView.as_view(), name="api-jobs"),
@@ -8,6 +8,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/cancel", views.JobCancelView.as_view(), name="api-job-cancel"),
     path("jobs/<int:job_id>/events", views.JobEventsView.as_view(), name="api-job-events"),
     path("jobs/<int:job_id>/usage", views.JobUsageView.as_view(), name="api-job-usage"),
+    path("jobs/<int:job_id>/logs", logs.JobLogsView.as_view(), name="api-job-logs"),
     path("jobs/<int:job_id>/metrics", artifacts.JobMetricsView.as_view(), name="api-job-metrics"),
     path("jobs/<int:job_id>/checkpoints", artifacts.JobCheckpointsView.as_view(), name="api-job-checkpoints"),
     path(

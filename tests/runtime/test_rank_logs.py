@@ -8,9 +8,6 @@ capture is checked on real supervisors: LocalBackend jobs whose ranks print, and
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +24,8 @@ from runtime.backends.local.logs import (
     read_logs,
 )
 from runtime.jobspec import WorkloadSpec
-from tests.runtime.conftest import REPO, processes_mentioning, wait_for, wait_until_final
+from tests.runtime.conftest import processes_mentioning, wait_for, wait_until_final
+from tests.supervised import supervise_programs
 
 pytestmark = pytest.mark.runtime
 
@@ -97,7 +95,7 @@ def test_long_lines_are_split_and_a_last_line_without_newline_is_kept(tmp_path: 
         "sys.stdout.write('crlf\\r\\n')\n"
         "sys.stderr.write('no newline at the end')\n"
     )
-    _supervise(tmp_path, {0: program})
+    supervise_programs(tmp_path, {0: program})
     lines = _all_lines(tmp_path, 0)
     assert [(line.stream, len(line.text)) for line in lines if line.stream == "out"] == [
         ("out", MAX_LINE_BYTES),
@@ -118,41 +116,6 @@ def test_a_cursor_that_is_not_one_is_refused(tmp_path: Path) -> None:
 
 
 # --- capture by a real supervisor -------------------------------------------------------------------
-
-
-def _supervise(run_dir: Path, programs: dict[int, str], cap_bytes: int | None = None) -> subprocess.Popen[bytes]:
-    """Start a supervisor (in the foreground) whose ranks run ``programs`` instead of the rank launcher.
-
-    launch.json's ``python`` is a wrapper that runs the rank's program, found by its config path; the
-    supervisor starts it as it starts any rank. Returns the supervisor's process once it has finished,
-    unless the programs wait for something (then it is still running)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    wrapper = run_dir / "rank-program"
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        "# argv: -m runtime.backends.local.rank --config RUN_DIR/rankN.json ...: run rankN.py instead\n"
-        f'exec {sys.executable} "${{4%.json}}.py"\n'
-    )
-    wrapper.chmod(0o755)
-    entries = []
-    for rank, program in programs.items():
-        (run_dir / f"rank{rank}.py").write_text(program)
-        entries.append({"rank": rank, "config": str(run_dir / f"rank{rank}.json"), "speed": 1.0})
-    launch = {"job_id": "logs-test", "python": str(wrapper), "sample_time_ms": 0.0, "grace_s": 2.0, "ranks": entries}
-    if cap_bytes is not None:
-        launch["log_cap_bytes"] = cap_bytes
-    (run_dir / "launch.json").write_text(json.dumps(launch))
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    supervisor = subprocess.Popen(
-        [sys.executable, "-m", "runtime.backends.local.supervisor", str(run_dir), "--foreground"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    if not any("release" in p for p in programs.values()):
-        assert supervisor.wait(timeout=60) == 0
-    return supervisor
 
 
 def _peak_rss_mib(pid: int) -> float:
@@ -177,7 +140,7 @@ def test_a_10_mb_burst_keeps_the_log_under_its_cap_and_the_supervisor_small(tmp_
     )
     quiet = "import time\nfor i in range(3):\n    print('quiet', i, flush=True)\n"
     cap = 2 * MIN_CAP_BYTES
-    supervisor = _supervise(run_dir, {0: burst, 1: quiet}, cap_bytes=cap)
+    supervisor = supervise_programs(run_dir, {0: burst, 1: quiet}, cap_bytes=cap)
     try:
         # Both streams reached the log (in either order: each has its own pipe).
         last_out = f"{BURST_LINES - 1:09d} " + "b" * 89
@@ -285,7 +248,7 @@ def test_lines_reach_the_log_while_the_rank_still_runs(tmp_path: Path) -> None:
     program = (
         "import os, time\nprint('hello', flush=True)\nwhile not os.path.exists('release'):\n    time.sleep(0.05)\n"
     )
-    supervisor = _supervise(run_dir, {0: program})
+    supervisor = supervise_programs(run_dir, {0: program})
     try:
         # Seen while the rank still runs (it waits for the release), not when it ends.
         assert wait_for(lambda: [x.text for x in read_logs(run_dir, 0).lines] == ["hello"], 30)

@@ -79,6 +79,11 @@ MATRIX: dict[str, Expect] = {
     "api/v1/jobs/<int:job_id>/cancel": Expect("object", {"POST": "submit"}),
     "api/v1/jobs/<int:job_id>/events": Expect("object", {"GET": "read"}),
     "api/v1/jobs/<int:job_id>/usage": Expect("object", {"GET": "read"}),
+    "api/v1/jobs/<int:job_id>/logs": Expect("object", {"GET": "read"}),
+    "api/v1/jobs/<int:job_id>/metrics": Expect("object", {"GET": "read"}),
+    "api/v1/jobs/<int:job_id>/checkpoints": Expect("object", {"GET": "read"}),
+    "api/v1/jobs/<int:job_id>/checkpoints/<int:step>/download": Expect("object", {"GET": "read"}),
+    "api/v1/jobs/<int:job_id>/model": Expect("object", {"GET": "read"}),
     "api/v1/pool": Expect("global", {"GET": "read"}),
     "api/v1/quotas": Expect("collection", {"GET": "read"}),
     "api/v1/queue": Expect("collection", {"GET": "read"}, owner_sees=True),
@@ -207,6 +212,30 @@ class World:
         )
 
 
+def _keep_a_checkpoint_and_a_model(job_id: int) -> int:
+    """A checkpoint in the job's own store and a final model in its artifacts, as a run leaves them
+    (so that the download routes have something the first tenant may fetch); the checkpoint's step."""
+    import torch
+    from django.conf import settings
+    from torch import nn
+
+    from jobs.models import TrainingJob
+    from jobs.runs import checkpoint_url, run_key
+    from runtime.jobspec import CheckpointSpec
+    from runtime.recovery.checkpoint import Checkpointer
+    from runtime.recovery.store import open_store
+
+    job = TrainingJob.objects.get(pk=job_id)
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Checkpointer(open_store(checkpoint_url(job)), CheckpointSpec(keep=1), background=False) as checkpointer:
+        checkpointer.save(7, "full", model, optimizer, {"step": 7})
+    folder = settings.POLYCHIP_ARTIFACTS_DIR / run_key(job)
+    folder.mkdir(parents=True)
+    torch.save(model.state_dict(), folder / "model.pt")
+    return 7
+
+
 def _code_bundle() -> bytes:
     """A tar.gz of one small training script: the first tenant's code bundle."""
     buffer = io.BytesIO()
@@ -265,6 +294,9 @@ def world(tenants, pool, settings, tmp_path) -> World:
     billing.relay_usage()
     invoice = billing.draft_invoice(acme.id, rating.period_of(rating.epoch_ms(now)))
     settings.POLYCHIP_BUNDLES_DIR = tmp_path / "bundles"
+    settings.POLYCHIP_CHECKPOINT_URL = f"file://{tmp_path / 'checkpoints'}"
+    settings.POLYCHIP_ARTIFACTS_DIR = tmp_path / "artifacts"
+    step = _keep_a_checkpoint_and_a_model(job.id)
     bundle = jobs.store_bundle(
         tenant_id=acme.id, user_id=None, upload_file=io.BytesIO(_code_bundle()), name="acme-code-7f3a"
     )
@@ -285,6 +317,7 @@ def world(tenants, pool, settings, tmp_path) -> World:
             "resource": "nau",
             "invoice_id": invoice.id,
             "sha256": bundle.sha256,
+            "step": step,
         },
         markers=(
             "acme-confidential-run-7f3a",
