@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import Any
+
 from jobs.models import JobAttempt, TrainingJob
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 60, what: str = "condition") -> Any:
+    """The first truthy value of ``predicate``, polled every 50 ms; AssertionError naming ``what`` after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met in {timeout_s} s")
+        time.sleep(0.05)
 
 
 def run_of(job_id: int) -> JobAttempt:

@@ -11,7 +11,6 @@ import json
 import os
 import random
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 from billing.models import UsageRecord
 from jobs import services
 from jobs.models import Device, DeviceHealth, JobEvent, TrainingJob
-from tests.attempts import handle_of
+from tests.attempts import handle_of, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -37,19 +36,8 @@ SPEC = {
 FINAL = {"succeeded", "failed", "cancelled"}
 
 
-def _wait(predicate, timeout_s: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met in {timeout_s} s")
-        time.sleep(0.05)
-
-
 def _run_dir(job_id: int) -> Path:
-    handle = _wait(lambda: handle_of(job_id), what="a launched run")
+    handle = wait_until(lambda: handle_of(job_id), what="a launched run")
     return Path(handle["run_dir"])
 
 
@@ -106,7 +94,7 @@ def test_killing_a_rank_ten_times_recovers_each_time_within_a_weights_interval_a
         job_id = api.post("/api/v1/jobs", {**SPEC, "name": f"it-trial-{trial}"}).json()["id"]
         run_dir = _run_dir(job_id)
         reached = lambda run_dir=run_dir, kill_at=kill_at: _last_step(run_dir) >= kill_at  # noqa: E731
-        _wait(reached, timeout_s=90, what="the kill step")
+        wait_until(reached, timeout_s=90, what="the kill step")
         _kill(run_dir, victim)
 
         job = api.wait_for(job_id, FINAL, timeout_s=120)
@@ -142,13 +130,13 @@ def test_a_job_that_fails_more_than_max_restarts_ends_failed_with_the_reason(api
     spec = {**SPEC, "workload": {**SPEC["workload"], "steps": 100_000}, "max_restarts": 1}
     job_id = api.post("/api/v1/jobs", spec).json()["id"]
     first_run = _run_dir(job_id)
-    _wait(lambda: _last_step(first_run) >= 5, what="the first attempt's steps")
+    wait_until(lambda: _last_step(first_run) >= 5, what="the first attempt's steps")
     _kill(first_run, 1)
 
-    _wait(lambda: TrainingJob.objects.get(pk=job_id).attempt == 1 and handle_of(job_id))
+    wait_until(lambda: TrainingJob.objects.get(pk=job_id).attempt == 1 and handle_of(job_id))
     second_run = _run_dir(job_id)
     assert second_run != first_run
-    _wait(lambda: _last_step(second_run) >= 5, what="the second attempt's steps")
+    wait_until(lambda: _last_step(second_run) >= 5, what="the second attempt's steps")
     _kill(second_run, 2)
 
     job = api.wait_for(job_id, FINAL, timeout_s=60)
@@ -170,17 +158,17 @@ def test_a_job_shrinks_to_min_devices_and_grows_back_when_the_device_returns(api
     }
     job_id = api.post("/api/v1/jobs", spec).json()["id"]
     run_dir = _run_dir(job_id)
-    _wait(lambda: _last_step(run_dir) >= 20, what="steps before the kill")
+    wait_until(lambda: _last_step(run_dir) >= 20, what="steps before the kill")
     _kill(run_dir, 1)
 
     # The killed device is marked failed; one h100 is left, so the job goes on alone.
-    _wait(lambda: TrainingJob.objects.get(pk=job_id).attempt == 1 and _job_devices(job_id) == 1, what="the shrink")
+    wait_until(lambda: TrainingJob.objects.get(pk=job_id).attempt == 1 and _job_devices(job_id) == 1, what="the shrink")
     assert any("shrunk by 1" in m for m in _messages(job_id, "transition")), _messages(job_id, "transition")
     shrunk_run = _run_dir(job_id)
-    _wait(lambda: _last_step(shrunk_run) >= 40, what="steps on one device")
+    wait_until(lambda: _last_step(shrunk_run) >= 40, what="steps on one device")
 
     _return_devices()  # the operator returns the device: the job checkpoints and grows back
-    _wait(lambda: TrainingJob.objects.get(pk=job_id).attempt == 2, timeout_s=60, what="the move back")
+    wait_until(lambda: TrainingJob.objects.get(pk=job_id).attempt == 2, timeout_s=60, what="the move back")
     job = api.wait_for(job_id, FINAL, timeout_s=120)
     assert job["state"] == "succeeded", (job["failure_reason"], _messages(job_id))
     assert job["restarts"] == 1  # growing back is a planned move, not a restart
@@ -204,7 +192,7 @@ def test_draining_a_node_checkpoints_its_job_and_moves_it_to_another_flavor(api_
     }
     job_id = api.post("/api/v1/jobs", spec).json()["id"]
     run_dir = _run_dir(job_id)
-    _wait(lambda: _last_step(run_dir) >= 10, what="steps before the drain")
+    wait_until(lambda: _last_step(run_dir) >= 10, what="steps before the drain")
     node = TrainingJob.objects.get(pk=job_id).allocations.get(rank=0).device.node.name
 
     assert services.drain_node(node, by="op") == [job_id]
@@ -253,13 +241,13 @@ def test_a_device_predicted_to_fail_is_drained_after_its_job_checkpoints(api_for
     job = TrainingJob.objects.get(pk=job_id)
     device = job.allocations.get(rank=1).device
     # Half an hour of readings (heartbeats carry five emulated minutes a second) before the fault.
-    _wait(lambda: len(Device.objects.get(pk=device.pk).health_readings) >= 30, timeout_s=60, what="readings")
+    wait_until(lambda: len(Device.objects.get(pk=device.pk).health_readings) >= 30, timeout_s=60, what="readings")
 
     LocalBackend(stack_var, {}).inject_degradation(handle_of(job_id), 1, "ecc", minutes_to_failure=90)
 
     drained = f"asked to checkpoint and move: device {device.device_id}: failure predicted"
-    _wait(lambda: any(m.startswith(drained) for m in _messages(job_id)), timeout_s=60, what="the prediction")
-    _wait(lambda: TrainingJob.objects.get(pk=job_id).attempt >= 1, timeout_s=60, what="the move")
+    wait_until(lambda: any(m.startswith(drained) for m in _messages(job_id)), timeout_s=60, what="the prediction")
+    wait_until(lambda: TrainingJob.objects.get(pk=job_id).attempt >= 1, timeout_s=60, what="the move")
     assert Device.objects.get(pk=device.pk).health == DeviceHealth.CORDONED
     job = TrainingJob.objects.get(pk=job_id)
     assert job.restarts == 0  # moved after a checkpoint, before the device died: no failure to recover from

@@ -12,7 +12,6 @@ import io
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +20,12 @@ import torch
 
 from jobs import services
 from jobs.models import Device, DeviceHealth, MetricPoint
-from tests.attempts import handle_of
+from tests.attempts import handle_of, wait_until
 from tests.usercode import DDP_EXAMPLE, EXAMPLE_WORKLOAD, SDK_EXAMPLE, make_bundle, run_alone
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 FINAL = {"succeeded", "failed", "cancelled"}
-
-
-def _wait(predicate: Any, timeout_s: float = 120, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met in {timeout_s} s")
-        time.sleep(0.1)
 
 
 def upload(api: Any, tmp_path: Path, files: dict[str, str]) -> str:
@@ -81,8 +69,8 @@ def test_a_python_job_killed_by_kill_9_comes_back_by_itself_and_keeps_everything
     assert response.status_code == 201, response.text
     job_id = response.json()["id"]
 
-    run_dir = Path(_wait(lambda: handle_of(job_id), what="a launched run")["run_dir"])
-    _wait(lambda: last_step(job_id) >= 25, what="step 25 of the first attempt")
+    run_dir = Path(wait_until(lambda: handle_of(job_id), 120, "a launched run")["run_dir"])
+    wait_until(lambda: last_step(job_id) >= 25, 120, "step 25 of the first attempt")
     status = json.loads((run_dir / "status.json").read_text())
     os.kill(next(r["pid"] for r in status["ranks"] if r["rank"] == 1), signal.SIGKILL)
 
