@@ -1,4 +1,7 @@
-"""One error shape for the whole API: {"error": {"code", "message", "field"?}}.
+"""One error shape for the whole API: {"error": {"code", "message", "field"?, "errors"?}}.
+
+``errors`` lists every problem of a job spec at once (``[{"field", "message"}]``); ``field`` and
+``message`` are the first of them, so a client that reads one problem reads the first.
 
 Views do not catch the services' refusals: a ``controlplane.domain.DomainError`` (or a subclass an app
 keeps under its own name) reaches ``exception_handler``, which answers it here, once, with the status of
@@ -19,7 +22,7 @@ from rest_framework.views import set_rollback
 
 from billing.services import RatingError  # billing.rating's, through the facade (make lint)
 from controlplane.domain import Conflict, DomainError, Forbidden, Invalid, NotFound
-from runtime.jobspec import SpecError
+from runtime.jobspec import SpecError, SpecErrors
 
 # The most specific kind in an error's class hierarchy decides its status.
 DOMAIN_STATUS: Final[dict[type[DomainError], int]] = {
@@ -31,10 +34,14 @@ DOMAIN_STATUS: Final[dict[type[DomainError], int]] = {
 }
 
 
-def error_response(status: int, code: str, message: str, field: str | None = None) -> Response:
+def error_response(
+    status: int, code: str, message: str, field: str | None = None, errors: list[dict[str, str]] | None = None
+) -> Response:
     body: dict[str, Any] = {"code": code, "message": message}
     if field is not None:
         body["field"] = field
+    if errors is not None:
+        body["errors"] = errors  # every problem, the first of which is the one above
     return Response({"error": body}, status=status)
 
 
@@ -53,7 +60,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return domain_response(exc)
     if isinstance(exc, SpecError):  # runtime knows nothing of the control plane: its refusal is mapped here
         set_rollback()
-        return error_response(status.HTTP_400_BAD_REQUEST, "invalid_spec", exc.message, field=exc.field)
+        problems = exc.errors if isinstance(exc, SpecErrors) else (exc,)
+        return error_response(
+            status.HTTP_400_BAD_REQUEST,
+            "invalid_spec",
+            exc.message,
+            field=exc.field,
+            errors=[{"field": problem.field, "message": problem.message} for problem in problems],
+        )
     if isinstance(exc, RatingError):  # billing.rating is plain Python
         set_rollback()
         return error_response(status.HTTP_409_CONFLICT, "unpriced", str(exc))

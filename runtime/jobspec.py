@@ -1,14 +1,18 @@
 """The job spec: what a tenant asks for, as JSON over REST or YAML from the CLI.
 
 Parsing is pure: ``parse_job_spec`` turns a mapping into a frozen ``JobSpec`` or raises
-``SpecError`` naming the field (dotted path) and how to fix it.
+``SpecErrors``: every problem of the spec at once, each naming its field (dotted path) and how to fix
+it, an unknown key with the known one it most looks like. What a field may hold is written once, in the
+dataclasses below (types, defaults), ``BOUNDS`` and ``CHOICES``: the parser checks against them and
+``job_spec_schema`` describes them as JSON Schema for the API's schema, the CLI and editors.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import MISSING, asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
 from runtime.errors import FieldError
@@ -70,6 +74,79 @@ MAX_PRIORITY = 1000
 
 class SpecError(FieldError):
     """A job spec that cannot be used."""
+
+
+class SpecErrors(SpecError):
+    """Every problem found in one spec; its own field and message are the first problem's."""
+
+    def __init__(self, errors: Iterable[SpecError]) -> None:
+        self.errors = tuple(errors)
+        first = self.errors[0]
+        super().__init__(first.field, first.message)
+        if len(self.errors) > 1:
+            self.args = (f"{first.field}: {first.message} (and {len(self.errors) - 1} more problems)",)
+
+
+# The range of each number in a spec, by its dotted path: (lowest, highest). Whole numbers include
+# both ends; decimal numbers must be above the lowest (a rate or a size of 0 means nothing).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "devices": (1, MAX_DEVICES),
+    "min_devices": (1, MAX_DEVICES),  # and at most devices
+    "priority": (-MAX_PRIORITY, MAX_PRIORITY),
+    "max_restarts": (0, 100),
+    "workload.steps": (1, 1_000_000),
+    "workload.global_batch": (1, 1_048_576),  # and at least devices
+    "workload.lr": (0.0, 10.0),
+    "workload.seed": (0, 2**31 - 1),
+    "workload.hidden": (1, 8192),
+    "comm.density": (0.0, 1.0),
+    "comm.rank": (1, 256),
+    "comm.bucket_mb": (0.0, 1024.0),
+    "comm.warmup_steps": (0, 100_000),
+    "checkpoint.weights_every": (1, 10_000_000),
+    "checkpoint.optimizer_every": (1, 10_000_000),  # and a multiple of weights_every
+    "checkpoint.keep": (1, 1000),
+}
+# The values a field may take, by its dotted path.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "workload.kind": WORKLOAD_KINDS,
+    "workload.model": tuple(BUILTIN_MODELS),
+    "balancing.mode": BALANCING_MODES,
+    "comm.compression": COMPRESSIONS,
+    "checkpoint.restore": RESTORE_MODES,
+}
+_T = TypeVar("_T")
+
+
+class _Problems:
+    """The problems of one spec, collected as each field is read, so that all are told at once."""
+
+    def __init__(self) -> None:
+        self.found: list[SpecError] = []
+
+    def take(self, read: Callable[[], _T], fallback: _T) -> _T:
+        """What ``read`` returns; ``fallback`` (and the problem noted) when it refuses."""
+        try:
+            return read()
+        except SpecErrors as exc:
+            self.found.extend(exc.errors)
+        except SpecError as exc:
+            self.found.append(exc)
+        return fallback
+
+    def unknown(self, raw: dict[str, Any], allowed: Iterable[str], prefix: str, what: str = "unknown field") -> None:
+        """One problem per key not in ``allowed``, naming the allowed key it most looks like."""
+        allowed = sorted(allowed)
+        for key in raw:
+            if key in allowed:
+                continue
+            close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            self.found.append(SpecError(f"{prefix}{key}", f"{what}; {hint}allowed here: {', '.join(allowed)}"))
+
+    def check(self) -> None:
+        if self.found:
+            raise SpecErrors(self.found)
 
 
 @dataclass(frozen=True)
@@ -174,7 +251,12 @@ class JobSpec:
         return data
 
 
-def _int(raw: dict[str, Any], key: str, path: str, default: int, lo: int, hi: int) -> int:
+_TOP_FIELDS = tuple(JobSpec.__dataclass_fields__)
+
+
+def _int(raw: dict[str, Any], key: str, path: str, default: int, hi: int | None = None) -> int:
+    lo, top = BOUNDS[path]
+    lo, hi = int(lo), int(top if hi is None else hi)
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(path, f"must be a whole number between {lo} and {hi}, got {value!r}")
@@ -183,20 +265,14 @@ def _int(raw: dict[str, Any], key: str, path: str, default: int, lo: int, hi: in
     return value
 
 
-def _float(raw: dict[str, Any], key: str, path: str, default: float, lo: float, hi: float) -> float:
+def _float(raw: dict[str, Any], key: str, path: str, default: float) -> float:
+    lo, hi = BOUNDS[path]
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(path, f"must be a number between {lo} and {hi}, got {value!r}")
     if not lo < value <= hi:
         raise SpecError(path, f"must be greater than {lo} and at most {hi}, got {value}")
     return float(value)
-
-
-def _reject_unknown(raw: dict[str, Any], allowed: set[str], prefix: str) -> None:
-    for key in raw:
-        if key not in allowed:
-            where = f"{prefix}{key}"
-            raise SpecError(where, f"unknown field; allowed here: {', '.join(sorted(allowed))}")
 
 
 _COMMON_WORKLOAD = {"kind", "steps", "global_batch", "lr", "seed"}
@@ -225,44 +301,55 @@ def parse_workload(raw: Any) -> WorkloadSpec:
             f"{kind!r} is not a workload kind; use builtin (with model: {', '.join(BUILTIN_MODELS)}), "
             "python (your code with the training API), torchrun (an unmodified DDP script) or container",
         )
-    allowed = _WORKLOAD_FIELDS[kind]
-    for key in raw:
-        if key not in allowed:
-            raise SpecError(f"workload.{key}", f"not used by kind {kind}; allowed here: {', '.join(sorted(allowed))}")
+    problems = _Problems()
+    problems.unknown(raw, _WORKLOAD_FIELDS[kind], "workload.", f"not used by kind {kind}")
     defaults = dict(BUILTIN_MODELS["synthetic-mlp"])
     if kind == "builtin":
         model = "synthetic-mlp" if model is None else model
-        if model not in BUILTIN_MODELS:
-            raise SpecError(
-                "workload.model", f"{model!r} is not a built-in model; use one of {', '.join(BUILTIN_MODELS)}"
+        if model in BUILTIN_MODELS:
+            defaults = BUILTIN_MODELS[model]
+        else:
+            problems.found.append(
+                SpecError(
+                    "workload.model", f"{model!r} is not a built-in model; use one of {', '.join(BUILTIN_MODELS)}"
+                )
             )
-        defaults = BUILTIN_MODELS[model]
     common = WorkloadSpec(
         kind=kind,
         model=str(model) if kind == "builtin" else "",
-        steps=_int(raw, "steps", "workload.steps", defaults["steps"], 1, 1_000_000),
-        global_batch=_int(raw, "global_batch", "workload.global_batch", defaults["global_batch"], 1, 1_048_576),
-        lr=_float(raw, "lr", "workload.lr", defaults["lr"], 0.0, 10.0),
-        seed=_int(raw, "seed", "workload.seed", 0, 0, 2**31 - 1),
+        steps=problems.take(lambda: _int(raw, "steps", "workload.steps", defaults["steps"]), 1),
+        global_batch=problems.take(
+            lambda: _int(raw, "global_batch", "workload.global_batch", defaults["global_batch"]), 1
+        ),
+        lr=problems.take(lambda: _float(raw, "lr", "workload.lr", defaults["lr"]), 1.0),
+        seed=problems.take(lambda: _int(raw, "seed", "workload.seed", 0), 0),
     )
     if kind == "builtin":
-        hidden = _int(raw, "hidden", "workload.hidden", defaults["hidden"], 1, 8192)
+        hidden = problems.take(lambda: _int(raw, "hidden", "workload.hidden", defaults["hidden"]), 1)
+        problems.check()
         return replace(common, hidden=hidden)
-    args = _strings(raw, "args", "workload.args")
-    env = _env(raw.get("env"))
+    no_strings: tuple[str, ...] = ()
+    args = problems.take(lambda: _strings(raw, "args", "workload.args"), no_strings)
+    env = problems.take(lambda: _env(raw.get("env")), dict[str, str]())
     if kind == "container":
         image = raw.get("image")
         if not isinstance(image, str) or not _IMAGE.match(image) or len(image) > 255:
-            raise SpecError(
-                "workload.image", 'required for kind container: an image reference such as "ghcr.io/acme/train:1.2"'
+            problems.found.append(
+                SpecError(
+                    "workload.image",
+                    'required for kind container: an image reference such as "ghcr.io/acme/train:1.2"',
+                )
             )
-        command = _strings(raw, "command", "workload.command")
-        return replace(common, image=image, command=command, args=args, env=env)
+        command = problems.take(lambda: _strings(raw, "command", "workload.command"), no_strings)
+        problems.check()
+        return replace(common, image=str(image), command=command, args=args, env=env)
     bundle = raw.get("bundle")
     if not isinstance(bundle, str) or not _BUNDLE_REF.match(bundle):
-        raise SpecError(
-            "workload.bundle",
-            f'required for kind {kind}: "sha256:<64 hex digits>" as POST /api/v1/bundles answered, got {bundle!r}',
+        problems.found.append(
+            SpecError(
+                "workload.bundle",
+                f'required for kind {kind}: "sha256:<64 hex digits>" as POST /api/v1/bundles answered, got {bundle!r}',
+            )
         )
     entrypoint = raw.get("entrypoint")
     script_only = kind == "torchrun"
@@ -272,8 +359,11 @@ def parse_workload(raw: Any) -> WorkloadSpec:
         or any(part in (".", "..") for part in entrypoint.split("/"))
     ):
         example = '"train.py"' if script_only else '"train.py" or "mypackage.train:main"'
-        raise SpecError("workload.entrypoint", f"required for kind {kind}: a path inside the bundle such as {example}")
-    return replace(common, bundle=bundle, entrypoint=entrypoint, args=args, env=env)
+        problems.found.append(
+            SpecError("workload.entrypoint", f"required for kind {kind}: a path inside the bundle such as {example}")
+        )
+    problems.check()
+    return replace(common, bundle=str(bundle), entrypoint=str(entrypoint), args=args, env=env)
 
 
 def _strings(raw: dict[str, Any], key: str, path: str) -> tuple[str, ...]:
@@ -311,7 +401,9 @@ def parse_balancing(raw: Any) -> BalancingSpec:
         return BalancingSpec()
     if not isinstance(raw, dict):
         raise SpecError("balancing", 'must be an object such as {"mode": "dynamic"}')
-    _reject_unknown(raw, {"mode"}, "balancing.")
+    problems = _Problems()
+    problems.unknown(raw, BalancingSpec.__dataclass_fields__, "balancing.")
+    problems.check()
     mode = raw.get("mode", "dynamic")
     if mode not in BALANCING_MODES:
         raise SpecError(
@@ -334,23 +426,35 @@ def parse_comm(raw: Any) -> CommSpec:
         return CommSpec()
     if not isinstance(raw, dict):
         raise SpecError("comm", 'must be an object such as {"compression": "topk", "density": 0.01}')
-    _reject_unknown(raw, set(CommSpec.__dataclass_fields__), "comm.")
+    problems = _Problems()
+    problems.unknown(raw, CommSpec.__dataclass_fields__, "comm.")
     compression = raw.get("compression", "none")
     if compression not in COMPRESSIONS:
-        raise SpecError(
-            "comm.compression",
-            f"{compression!r} is not a compression; use one of {', '.join(COMPRESSIONS)} "
-            "(auto picks from the measured link bandwidth and the model size)",
+        problems.found.append(
+            SpecError(
+                "comm.compression",
+                f"{compression!r} is not a compression; use one of {', '.join(COMPRESSIONS)} "
+                "(auto picks from the measured link bandwidth and the model size)",
+            )
         )
-    return CommSpec(
+    defaults = CommSpec()
+    spec = CommSpec(
         compression=compression,
-        density=_float(raw, "density", "comm.density", 0.1, 0.0, 1.0),
-        rank=_int(raw, "rank", "comm.rank", 4, 1, 256),
-        bucket_mb=_float(raw, "bucket_mb", "comm.bucket_mb", 25.0, 0.0, 1024.0),
-        hierarchical=_bool(raw, "hierarchical", "comm.hierarchical", True),
-        warmup_steps=_int(raw, "warmup_steps", "comm.warmup_steps", 20, 0, 100_000),
-        overlap=_bool(raw, "overlap", "comm.overlap", True),
+        density=problems.take(lambda: _float(raw, "density", "comm.density", defaults.density), defaults.density),
+        rank=problems.take(lambda: _int(raw, "rank", "comm.rank", defaults.rank), defaults.rank),
+        bucket_mb=problems.take(
+            lambda: _float(raw, "bucket_mb", "comm.bucket_mb", defaults.bucket_mb), defaults.bucket_mb
+        ),
+        hierarchical=problems.take(
+            lambda: _bool(raw, "hierarchical", "comm.hierarchical", defaults.hierarchical), defaults.hierarchical
+        ),
+        warmup_steps=problems.take(
+            lambda: _int(raw, "warmup_steps", "comm.warmup_steps", defaults.warmup_steps), defaults.warmup_steps
+        ),
+        overlap=problems.take(lambda: _bool(raw, "overlap", "comm.overlap", defaults.overlap), defaults.overlap),
     )
+    problems.check()
+    return spec
 
 
 def parse_checkpoint(raw: Any) -> CheckpointSpec:
@@ -358,84 +462,89 @@ def parse_checkpoint(raw: Any) -> CheckpointSpec:
         return CheckpointSpec()
     if not isinstance(raw, dict):
         raise SpecError("checkpoint", 'must be an object such as {"weights_every": 50, "optimizer_every": 50}')
-    _reject_unknown(raw, set(CheckpointSpec.__dataclass_fields__), "checkpoint.")
-    weights_every = _int(raw, "weights_every", "checkpoint.weights_every", 50, 1, 10_000_000)
+    problems = _Problems()
+    problems.unknown(raw, CheckpointSpec.__dataclass_fields__, "checkpoint.")
+    weights_every = problems.take(lambda: _int(raw, "weights_every", "checkpoint.weights_every", 50), 0)
     # Unless told otherwise, every save holds the optimizer state too (see CheckpointSpec).
-    optimizer_every = _int(raw, "optimizer_every", "checkpoint.optimizer_every", weights_every, 1, 10_000_000)
-    if optimizer_every % weights_every:
-        raise SpecError(
-            "checkpoint.optimizer_every",
-            f"must be a multiple of weights_every ({weights_every}), got {optimizer_every}: "
-            "every optimizer save is also a weights save",
+    optimizer_every = problems.take(
+        lambda: _int(raw, "optimizer_every", "checkpoint.optimizer_every", weights_every or 50), 0
+    )
+    if weights_every and optimizer_every and optimizer_every % weights_every:  # 0: refused above
+        problems.found.append(
+            SpecError(
+                "checkpoint.optimizer_every",
+                f"must be a multiple of weights_every ({weights_every}), got {optimizer_every}: "
+                "every optimizer save is also a weights save",
+            )
         )
     restore = raw.get("restore", "last_full")
     if restore not in RESTORE_MODES:
-        raise SpecError(
-            "checkpoint.restore",
-            f"{restore!r} is not a restore mode; use last_full (the newest checkpoint that has both weights "
-            "and optimizer state, the default) or newest_weights (the newest weights with the newest optimizer "
-            "state at or before them)",
+        problems.found.append(
+            SpecError(
+                "checkpoint.restore",
+                f"{restore!r} is not a restore mode; use last_full (the newest checkpoint that has both weights "
+                "and optimizer state, the default) or newest_weights (the newest weights with the newest "
+                "optimizer state at or before them)",
+            )
         )
-    return CheckpointSpec(
-        weights_every=weights_every,
-        optimizer_every=optimizer_every,
-        keep=_int(raw, "keep", "checkpoint.keep", 3, 1, 1000),
-        restore=restore,
-    )
+    keep = problems.take(lambda: _int(raw, "keep", "checkpoint.keep", 3), 3)
+    problems.check()
+    return CheckpointSpec(weights_every=weights_every, optimizer_every=optimizer_every, keep=keep, restore=restore)
 
 
 def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
-    """Validate a job spec. ``known_flavors`` (when given) rejects flavors the pool lacks."""
+    """Validate a job spec: ``SpecErrors`` with every problem at once. ``known_flavors`` (when given)
+    rejects flavors the pool lacks."""
     if not isinstance(raw, dict):
         raise SpecError("spec", "must be a JSON object with name, devices and flavors")
-    _reject_unknown(
-        raw,
-        {
-            "name",
-            "devices",
-            "flavors",
-            "workload",
-            "priority",
-            "balancing",
-            "comm",
-            "checkpoint",
-            "min_devices",
-            "max_restarts",
-        },
-        "",
-    )
+    problems = _Problems()
+    problems.unknown(raw, _TOP_FIELDS, "")
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
-        raise SpecError("name", 'required; give the job a short name such as "resnet-sweep-1"')
-    if len(name) > 120:
-        raise SpecError("name", "at most 120 characters")
-    devices = _int(raw, "devices", "devices", 1, 1, MAX_DEVICES)
+        problems.found.append(SpecError("name", 'required; give the job a short name such as "resnet-sweep-1"'))
+    elif len(name) > 120:
+        problems.found.append(SpecError("name", "at most 120 characters"))
+    devices = problems.take(lambda: _int(raw, "devices", "devices", 1), 0)  # 0: refused
     flavors_raw = raw.get("flavors")
     if not isinstance(flavors_raw, list) or not flavors_raw or not all(isinstance(f, str) for f in flavors_raw):
-        raise SpecError("flavors", 'required; a non-empty list of flavor names this job may run on, e.g. ["h100-sxm"]')
+        problems.found.append(
+            SpecError("flavors", 'required; a non-empty list of flavor names this job may run on, e.g. ["h100-sxm"]')
+        )
+        flavors_raw = []
     if known_flavors is not None:
         for i, flavor in enumerate(flavors_raw):
             if flavor not in known_flavors:
+                close = difflib.get_close_matches(flavor, sorted(known_flavors), n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}? " if close else ""
                 choices = ", ".join(sorted(known_flavors))
-                raise SpecError(f"flavors[{i}]", f"{flavor!r} is not in the pool; choose from {choices}")
-    workload = parse_workload(raw.get("workload"))
-    if workload.global_batch < devices:
-        raise SpecError("workload.global_batch", f"must be at least devices ({devices}) so every device gets a sample")
-    priority = _int(raw, "priority", "priority", 0, -MAX_PRIORITY, MAX_PRIORITY)
+                problems.found.append(
+                    SpecError(f"flavors[{i}]", f"{flavor!r} is not in the pool; {hint}choose from {choices}")
+                )
+    workload = problems.take(lambda: parse_workload(raw.get("workload")), None)
+    if workload is not None and workload.global_batch < devices:
+        problems.found.append(
+            SpecError("workload.global_batch", f"must be at least devices ({devices}) so every device gets a sample")
+        )
+    priority = problems.take(lambda: _int(raw, "priority", "priority", 0), 0)
     min_devices = raw.get("min_devices")
-    if min_devices is not None:
-        min_devices = _int(raw, "min_devices", "min_devices", devices, 1, devices)
+    if min_devices is not None and devices:
+        min_devices = problems.take(lambda: _int(raw, "min_devices", "min_devices", devices, hi=devices), None)
+    balancing = problems.take(lambda: parse_balancing(raw.get("balancing")), BalancingSpec())
+    comm = problems.take(lambda: parse_comm(raw.get("comm")), CommSpec())
+    checkpoint = problems.take(lambda: parse_checkpoint(raw.get("checkpoint")), CheckpointSpec())
+    max_restarts = problems.take(lambda: _int(raw, "max_restarts", "max_restarts", 3), 3)
+    problems.check()
     return JobSpec(
-        name=name.strip(),
+        name=str(name).strip(),
         devices=devices,
         flavors=tuple(dict.fromkeys(flavors_raw)),
-        workload=workload,
+        workload=workload or WorkloadSpec(),
         priority=priority,
-        balancing=parse_balancing(raw.get("balancing")),
-        comm=parse_comm(raw.get("comm")),
-        checkpoint=parse_checkpoint(raw.get("checkpoint")),
+        balancing=balancing,
+        comm=comm,
+        checkpoint=checkpoint,
         min_devices=min_devices,
-        max_restarts=_int(raw, "max_restarts", "max_restarts", 3, 0, 100),
+        max_restarts=max_restarts,
     )
 
 
@@ -516,3 +625,91 @@ def stored_job_spec(raw: Any) -> JobSpec:
         min_devices=min_devices if isinstance(min_devices, int) and not isinstance(min_devices, bool) else None,
         max_restarts=whole("max_restarts", 3),
     )
+
+
+# --- the spec as JSON Schema -------------------------------------------------------------------------
+
+_REQUIRED = ("name", "flavors")
+
+
+def _field_schema(path: str, annotation: str, default: Any) -> dict[str, Any]:
+    """One field's JSON Schema, from its annotation, ``BOUNDS`` and ``CHOICES``."""
+    schema: dict[str, Any]
+    if path in CHOICES:
+        schema = {"type": "string", "enum": list(CHOICES[path])}
+    elif annotation.startswith("int"):
+        lo, hi = BOUNDS[path]
+        schema = {"type": "integer", "minimum": int(lo), "maximum": int(hi)}
+    elif annotation == "float":
+        lo, hi = BOUNDS[path]
+        schema = {"type": "number", "exclusiveMinimum": lo, "maximum": hi}
+    elif annotation == "bool":
+        schema = {"type": "boolean"}
+    elif annotation.startswith("tuple"):
+        schema = {"type": "array", "items": {"type": "string"}}
+    elif annotation.startswith("Mapping"):
+        schema = {"type": "object", "additionalProperties": {"type": "string"}, "maxProperties": MAX_ENV}
+    else:
+        schema = {"type": "string"}
+    if default not in (None, "") and not isinstance(default, tuple | Mapping):
+        schema["default"] = default
+    return schema
+
+
+def _section_schema(kind: type[Any], prefix: str, only: Iterable[str] | None = None) -> dict[str, Any]:
+    fields = kind.__dataclass_fields__
+    names = [name for name in fields if only is None or name in only]
+    defaults = kind()
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            name: _field_schema(f"{prefix}{name}", str(fields[name].type), getattr(defaults, name)) for name in names
+        },
+    }
+
+
+def job_spec_schema() -> dict[str, Any]:
+    """The job spec as JSON Schema (2020-12): what ``parse_job_spec`` accepts, from the same tables.
+
+    A schema cannot say everything the parser checks (a global batch of at least ``devices``, an
+    ``optimizer_every`` that is a multiple of ``weights_every``, a bundle that exists): the API answers
+    those, each naming its field."""
+    workloads = []
+    for kind in WORKLOAD_KINDS:
+        section = _section_schema(WorkloadSpec, "workload.", _WORKLOAD_FIELDS[kind])
+        section["properties"]["kind"] = {"const": kind}
+        if kind == "builtin":
+            for name in ("steps", "global_batch", "lr", "hidden"):  # each model has its own defaults
+                section["properties"][name].pop("default", None)
+        else:
+            section["required"] = ["kind", "image"] if kind == "container" else ["kind", "bundle", "entrypoint"]
+            for name in ("steps", "global_batch", "lr"):
+                section["properties"][name]["default"] = BUILTIN_MODELS["synthetic-mlp"][name]
+        if kind in ("python", "torchrun"):
+            section["properties"]["bundle"]["pattern"] = _BUNDLE_REF.pattern
+        workloads.append(section)
+    fields = JobSpec.__dataclass_fields__
+    properties: dict[str, Any] = {}
+    for name, spec_field in fields.items():
+        annotation = str(spec_field.type)
+        if name == "workload":
+            properties[name] = {"oneOf": workloads}
+        elif name in _SECTIONS:
+            properties[name] = _section_schema(_SECTIONS[name], f"{name}.")
+        elif name == "name":
+            properties[name] = {"type": "string", "minLength": 1, "maxLength": 120}
+        elif name == "flavors":
+            properties[name] = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+        else:
+            default = spec_field.default if spec_field.default is not MISSING else None
+            properties[name] = _field_schema(name, annotation, default)
+    properties["devices"]["default"] = 1
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Polychip job spec",
+        "type": "object",
+        "additionalProperties": False,
+        "required": list(_REQUIRED),
+        "properties": properties,
+    }

@@ -1,9 +1,10 @@
 from django.urls import path
 
-from jobs.api import artifacts, bundles, logs, views
+from jobs.api import artifacts, bundles, logs, spec, views
 
 urlpatterns = [
     path("jobs", views.JobListView.as_view(), name="api-jobs"),
+    path("job-spec/schema", spec.JobSpecSchemaView.as_view(), name="api-job-spec-schema"),
     path("jobs/<int:job_id>", views.JobDetailView.as_view(), name="api-job"),
     path("jobs/<int:job_id>/cancel", views.JobCancelView.as_view(), name="api-job-cancel"),
     path("jobs/<int:job_id>/events", views.JobEventsView.as_view(), name="api-job-events"),

@@ -41,6 +41,7 @@ PUBLIC = {
     "login/": "the sign-in page",
     "logout/": "signing out",
     "api/v1/ingest/jobs/<int:job_id>/telemetry": "worker ingest, with its own per-job HMAC token (tested below)",
+    "api/v1/job-spec/schema": "the job spec's JSON Schema: describes the product, no tenant data",
 }
 ADMIN = "admin/"  # the whole admin site, as one entry
 PORTAL = ("portal", "portal_object")  # pages: a session, and a redirect to sign in without one

@@ -162,3 +162,130 @@ def test_a_builtin_model_gets_its_own_defaults_and_a_legacy_spec_reads_as_builti
     assert legacy.job_class == "synthetic-mlp"
     user = parse_job_spec({**VALID, "workload": {"kind": "python", "bundle": BUNDLE, "entrypoint": "t.py"}}).workload
     assert user.job_class == "python:abababababab:t.py"
+
+
+# --- every problem at once, and the spec as JSON Schema ---------------------------------------------
+
+
+def test_every_problem_of_a_spec_is_told_at_once_each_naming_its_field():
+    from runtime.jobspec import SpecErrors
+
+    with pytest.raises(SpecErrors) as caught:
+        parse_job_spec(
+            {
+                "name": "",
+                "prioirty": 3,
+                "devices": 0,
+                "flavors": ["h100-sxm"],
+                "workload": {"steps": 0, "lr": -1},
+                "comm": {"compression": "zip"},
+                "checkpoint": {"weights_every": 10, "optimizer_every": 15},
+            }
+        )
+    fields = [problem.field for problem in caught.value.errors]
+    assert fields == [
+        "prioirty",
+        "name",
+        "devices",
+        "workload.steps",
+        "workload.lr",
+        "comm.compression",
+        "checkpoint.optimizer_every",
+    ]
+    # The error itself is the first problem, so a reader of one problem reads a real one.
+    assert (caught.value.field, caught.value.message) == (caught.value.errors[0].field, caught.value.errors[0].message)
+    assert "and 6 more problems" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "suggestion"),
+    [
+        ({"prioirty": 1}, "prioirty", "did you mean 'priority'?"),
+        ({"max_restart": 1}, "max_restart", "did you mean 'max_restarts'?"),
+        ({"workload": {"modle": "charlm"}}, "workload.modle", "did you mean 'model'?"),
+        ({"comm": {"compresion": "topk"}}, "comm.compresion", "did you mean 'compression'?"),
+        ({"checkpoint": {"weights_evry": 5}}, "checkpoint.weights_evry", "did you mean 'weights_every'?"),
+        ({"flavors": ["h100-sx"]}, "flavors[0]", "did you mean 'h100-sxm'?"),
+    ],
+)
+def test_an_unknown_name_is_answered_with_the_known_one_it_most_looks_like(change, field, suggestion):
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec({**VALID, **change}, known_flavors={"h100-sxm", "a100-sxm"})
+    assert caught.value.field == field and suggestion in caught.value.message
+
+
+def test_a_name_like_no_known_one_gets_no_suggestion():
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec({**VALID, "zzzz": 1})
+    assert "did you mean" not in caught.value.message and "allowed here: balancing" in caught.value.message
+
+
+def _schema_validator():
+    from jsonschema import Draft202012Validator
+
+    from runtime.jobspec import job_spec_schema
+
+    schema = job_spec_schema()
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def _at(path: str, value: object) -> dict:
+    """A valid one-device spec with ``value`` at the dotted ``path``."""
+    spec: dict = {"name": "s", "devices": 1, "flavors": ["h100-sxm"]}
+    if "." in path:
+        section, key = path.split(".")
+        spec[section] = {key: value}
+        if path == "checkpoint.optimizer_every":
+            spec[section]["weights_every"] = 1  # a multiple of it, whatever the value
+    else:
+        spec[path] = value
+    return spec
+
+
+def test_the_schema_and_the_parser_agree_on_every_bound_and_choice():
+    from runtime.jobspec import BOUNDS, CHOICES
+
+    validator = _schema_validator()
+    for path, (lo, hi) in BOUNDS.items():
+        whole = isinstance(hi, int)
+        if path == "min_devices":
+            continue  # at most devices: a cross-field rule the schema cannot say (devices is 1 here)
+        accepted = [lo, hi] if whole else [hi, (lo + hi) / 2]
+        refused = [lo - 1, hi + 1] if whole else [lo, hi * 1.01 + 1]
+        for value in accepted:
+            parse_job_spec(_at(path, value))
+            assert validator.is_valid(_at(path, value)), (path, value)
+        for value in refused:
+            with pytest.raises(SpecError):
+                parse_job_spec(_at(path, value))
+            assert not validator.is_valid(_at(path, value)), (path, value)
+    for path, choices in CHOICES.items():
+        for value in choices:
+            spec = _at(path, value)
+            if path == "workload.kind" and value != "builtin":
+                continue  # the other kinds need their bundle or image: checked below
+            parse_job_spec(spec)
+            assert validator.is_valid(spec), (path, value)
+        assert not validator.is_valid(_at(path, "no-such-choice"))
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        {"kind": "builtin", "model": "charlm"},
+        {"kind": "python", "bundle": BUNDLE, "entrypoint": "src/train.py", "args": ["--x", "1"], "env": {"A": "b"}},
+        {"kind": "torchrun", "bundle": BUNDLE, "entrypoint": "train.py"},
+        {"kind": "container", "image": "ghcr.io/acme/train:1.2", "command": ["python", "-m", "train"]},
+    ],
+)
+def test_every_kind_the_parser_takes_the_schema_takes_and_a_field_of_another_kind_neither(workload):
+    validator = _schema_validator()
+    spec = {**VALID, "workload": workload}
+    parse_job_spec(spec)
+    assert validator.is_valid(spec), list(validator.iter_errors(spec))
+    stray = {**workload, ("image" if workload["kind"] != "container" else "bundle"): "x"}
+    with pytest.raises(SpecError):
+        parse_job_spec({**VALID, "workload": stray})
+    assert not validator.is_valid({**VALID, "workload": stray})
+    assert not validator.is_valid({**VALID, "workload": workload, "prioirty": 1})
