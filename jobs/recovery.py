@@ -25,6 +25,7 @@ so a cycle running at the same time never hands out the same device.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
@@ -70,6 +71,8 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
     observed_at = time.time()
     run = current_attempt(job)
     torn_down = _teardown(run)
+    if torn_down and observation is not None and run is not None and run.backend_handle:
+        observation = _with_later_failures(observation, get_backend().observe(run.backend_handle))
     with transaction.atomic():
         locked = _lock_job(job_id, JobState.RUNNING, attempt)
         if isinstance(locked, str):
@@ -262,6 +265,17 @@ def _lock_job(job_id: int, state: str, attempt: int | None = None) -> tuple[Trai
         return job.state
     held = job.allocations.filter(ended_at__isnull=True).select_related("device__node", "device__flavor")
     return job, list(held.order_by("rank"))
+
+
+def _with_later_failures(first: Observation, last: Observation) -> Observation:
+    """``first`` with the failures of the same run that only its last word has: ranks killed at the
+    same moment die one by one as the kernel gets to them, and a loaded host can show the backend
+    the first death a poll before the second; the run's final status has them all."""
+    seen = {failure.rank for failure in first.failures}
+    later = tuple(failure for failure in last.failures if failure.rank not in seen)
+    if not later:
+        return first
+    return dataclasses.replace(first, failures=first.failures + later, failure=first.failure or later[0])
 
 
 def _teardown(run: JobAttempt | None) -> bool:
