@@ -13,7 +13,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 	POLYCHIP_PASSWORD_HASHERS=django.contrib.auth.hashers.MD5PasswordHasher
 
 .DEFAULT_GOAL := help
-.PHONY: help install services demo up down status test test-properties test-unit test-integration test-runtime test-e2e test-security lint fmt bench clean
+.PHONY: help install services demo up down status test test-properties test-unit test-integration test-runtime test-e2e test-security lint openapi fmt bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z][a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -66,12 +66,19 @@ test-e2e: install services ## The portal in a real browser (Chromium)
 test-security: install services ## The route matrix alone: every route against every role (PostgreSQL)
 	$(TEST_ENV) $(BIN)/pytest tests/security $(PYTEST_ARGS)
 
-lint: install ## ruff, mypy, import boundaries (import-linter) and no missing migration (needs no server)
+lint: install ## ruff, mypy, import boundaries, no missing migration, the committed OpenAPI schema is current (no server)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy .
 	$(BIN)/lint-imports --no-logo
 	env -u DATABASE_URL $(BIN)/python manage.py makemigrations --check --dry-run
+	@mkdir -p var
+	env -u DATABASE_URL $(BIN)/python manage.py spectacular --validate --fail-on-warn --file var/openapi.check.yaml
+	@diff -q controlplane/openapi.yaml var/openapi.check.yaml >/dev/null || \
+		{ echo "controlplane/openapi.yaml is not what the API now says: run make openapi and commit it"; exit 1; }
+
+openapi: install ## Write the API's OpenAPI schema to controlplane/openapi.yaml (commit it: API changes show in review)
+	env -u DATABASE_URL $(BIN)/python manage.py spectacular --validate --fail-on-warn --file controlplane/openapi.yaml
 
 fmt: install ## Format and fix what ruff can
 	$(BIN)/ruff format .

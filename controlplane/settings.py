@@ -129,6 +129,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc served from here, not from a CDN
     "channels",
     "axes",
     "tenants",
@@ -248,6 +250,7 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
     ],
     "EXCEPTION_HANDLER": "controlplane.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.openapi.AutoSchema",
     # 429 with Retry-After past these rates (controlplane/throttles.py); the ingest route has its own.
     "DEFAULT_THROTTLE_CLASSES": [
         "controlplane.throttles.PerTokenThrottle",
@@ -259,6 +262,27 @@ REST_FRAMEWORK = {
         "ingest": os.environ.get("POLYCHIP_RATE_INGEST_PER_JOB", "30000/min"),
     },
     "UNAUTHENTICATED_USER": None,
+}
+
+# The OpenAPI schema of /api/v1 (controlplane/openapi.py; committed as controlplane/openapi.yaml, checked
+# by `make lint`), with Swagger UI at /api/v1/docs and Redoc at /api/v1/redoc from vendored assets.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Polychip API",
+    "DESCRIPTION": (
+        "The control plane of a private cloud of mixed accelerators: jobs, bundles, logs, metrics, checkpoints, "
+        "quotas, usage and invoices. Authenticate with a tenant API token: `Authorization: Bearer pc_...`. "
+        'Every error answers `{"error": {"code", "message", "field"?, "errors"?}}`.'
+    ),
+    "VERSION": "1",
+    "OAS_VERSION": "3.1.0",  # JSON Schema 2020-12: the job spec's own schema (runtime.jobspec) fits as it is
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SORT_OPERATIONS": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {},
 }
 
 # --- Celery -------------------------------------------------------------------------------

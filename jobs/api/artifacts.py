@@ -9,12 +9,14 @@ from __future__ import annotations
 from django.http import FileResponse, HttpResponseBase, StreamingHttpResponse
 from django.urls import reverse
 from django.utils.http import content_disposition_header
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.domain import Invalid
 from jobs import services
+from jobs.api.schema import BINARY, METRIC_PARAMETERS, query
 from jobs.contracts import Download, checkpoint_json, final_model_json, metric_series_json
 from jobs.telemetry import METRIC_NAME
 from tenants.permissions import RequireScope, request_tenant_id
@@ -46,6 +48,7 @@ class JobMetricsView(APIView):
 
     permission_classes = [RequireScope]
 
+    @extend_schema(summary="The job's metric series", parameters=METRIC_PARAMETERS)
     def get(self, request: Request, job_id: int) -> Response:
         tenant_id = request_tenant_id(request)
         points = _whole(request, "points", low=1, high=services.MAX_METRIC_POINTS)
@@ -100,6 +103,14 @@ class CheckpointDownloadView(APIView):
 
     permission_classes = [RequireScope]
 
+    @extend_schema(
+        summary="Download a checkpoint",
+        parameters=[query("file", description="One file of the checkpoint alone, e.g. weights.pt.")],
+        responses={
+            (200, "application/x-tar"): OpenApiResponse(BINARY, description="The whole checkpoint."),
+            (200, "application/octet-stream"): OpenApiResponse(BINARY, description="One file of it (?file=)."),
+        },
+    )
     def get(self, request: Request, job_id: int, step: int) -> HttpResponseBase:
         file = request.query_params.get("file") or None
         download = services.checkpoint_download(
@@ -113,5 +124,9 @@ class ModelDownloadView(APIView):
 
     permission_classes = [RequireScope]
 
+    @extend_schema(
+        summary="Download the final model",
+        responses={(200, "application/octet-stream"): OpenApiResponse(BINARY, description="model.pt")},
+    )
     def get(self, request: Request, job_id: int) -> HttpResponseBase:
         return _send(services.model_download(tenant_id=request_tenant_id(request), job_id=job_id))

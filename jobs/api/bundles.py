@@ -9,6 +9,8 @@ limit. Uploading is a write like submitting a job (the ``submit`` scope); readin
 
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import APIException
 from rest_framework.parsers import MultiPartParser
@@ -19,6 +21,7 @@ from rest_framework.views import APIView
 from controlplane.body_limit import UPLOAD_FRAMING_BYTES
 from controlplane.domain import Invalid
 from jobs import services
+from jobs.api.schema import BINARY, query
 from jobs.contracts import bundle_json
 from tenants.permissions import RequireScope, request_tenant_id
 
@@ -61,6 +64,19 @@ class BundleListView(APIView):
         bundles = services.list_bundles(tenant_id=request_tenant_id(request))
         return Response({"bundles": [bundle_json(b) for b in bundles]})
 
+    @extend_schema(
+        summary="Upload a code bundle (tar.gz)",
+        parameters=[query("name", description="A name to remember it by.")],
+        request={
+            "application/gzip": BINARY,
+            "application/octet-stream": BINARY,
+            "multipart/form-data": {"type": "object", "properties": {"bundle": BINARY}, "required": ["bundle"]},
+        },
+        responses={
+            201: OpenApiResponse(OpenApiTypes.OBJECT, description="Stored: its sha256, size and name."),
+            200: OpenApiResponse(OpenApiTypes.OBJECT, description="The same bytes were stored before: that bundle."),
+        },
+    )
     def post(self, request: Request) -> Response:
         tenant_id = request_tenant_id(request)
         limit = services.bundle_max_bytes()

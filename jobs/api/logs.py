@@ -29,6 +29,8 @@ from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime
 
 from django.http import HttpResponse, StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
@@ -36,6 +38,7 @@ from rest_framework.views import APIView
 
 from controlplane.domain import Invalid
 from jobs import services
+from jobs.api.schema import LOG_PARAMETERS
 from runtime.backends.base import LogLine, LogPage
 from tenants.permissions import RequireScope, request_tenant_id
 
@@ -116,6 +119,16 @@ class JobLogsView(APIView):
     permission_classes = [RequireScope]
     content_negotiation_class = _FormatIsNotARenderer
 
+    @extend_schema(
+        summary="What the job's ranks wrote to stdout and stderr",
+        parameters=LOG_PARAMETERS,
+        responses={
+            (200, "text/plain"): OpenApiResponse(OpenApiTypes.STR, description="One line per log line."),
+            (200, "application/x-ndjson"): OpenApiResponse(
+                OpenApiTypes.STR, description='One {"t", "rank", "stream", "line"} object per line.'
+            ),
+        },
+    )
     def get(self, request: Request, job_id: int) -> HttpResponse | StreamingHttpResponse:
         params = request.query_params
         rank = _count(params.get("rank"), "rank", 0)

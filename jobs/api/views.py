@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -15,6 +16,7 @@ from billing import services as billing
 from controlplane.parsers import StrictJSONParser
 from controlplane.throttles import PerJobIngestThrottle
 from jobs import services
+from jobs.api.schema import JOB, JOB_LIST, JOB_SPEC, query
 from jobs.contracts import (
     event_json,
     flavor_pool_json,
@@ -31,10 +33,18 @@ from tenants.permissions import RequireScope, request_tenant_id
 class JobListView(APIView):
     permission_classes = [RequireScope]
 
+    @extend_schema(summary="The tenant's jobs, newest first", responses={200: JOB_LIST})
     def get(self, request: Request) -> Response:
         tenant_id = request_tenant_id(request)
         return Response({"jobs": [job_json(j) for j in services.list_jobs(tenant_id=tenant_id)]})
 
+    @extend_schema(
+        summary="Submit a job",
+        description="The body is a job spec (its JSON Schema: GET /api/v1/job-spec/schema). Every problem of "
+        "a spec is answered at once in error.errors.",
+        request={"application/json": JOB_SPEC},
+        responses={201: OpenApiResponse(JOB, description="The job, queued.")},
+    )
     def post(self, request: Request) -> Response:
         tenant_id = request_tenant_id(request)
         spec = parse_job_spec(request.data, known_flavors=services.known_flavors())
@@ -46,6 +56,7 @@ class JobListView(APIView):
 class JobDetailView(APIView):
     permission_classes = [RequireScope]
 
+    @extend_schema(summary="One job", responses={200: JOB})
     def get(self, request: Request, job_id: int) -> Response:
         # Another tenant's job answers exactly like a missing one (404), so ids cannot be probed.
         return Response(job_json(services.get_job(tenant_id=request_tenant_id(request), job_id=job_id)))
@@ -54,6 +65,7 @@ class JobDetailView(APIView):
 class JobCancelView(APIView):
     permission_classes = [RequireScope]
 
+    @extend_schema(summary="Cancel a job", request=None, responses={200: JOB})
     def post(self, request: Request, job_id: int) -> Response:
         job = services.cancel_job(tenant_id=request_tenant_id(request), job_id=job_id)
         return Response(job_json(job))
@@ -152,6 +164,12 @@ class ThroughputView(APIView):
 
     permission_classes = [RequireScope]
 
+    @extend_schema(
+        parameters=[
+            query("job_class", description="One job class only."),
+            query("flavor", description="One flavor only."),
+        ]
+    )
     def get(self, request: Request) -> Response:
         request_tenant_id(request)
         rows = services.list_throughput_entries(

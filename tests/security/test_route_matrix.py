@@ -42,6 +42,10 @@ PUBLIC = {
     "logout/": "signing out",
     "api/v1/ingest/jobs/<int:job_id>/telemetry": "worker ingest, with its own per-job HMAC token (tested below)",
     "api/v1/job-spec/schema": "the job spec's JSON Schema: describes the product, no tenant data",
+    "api/v1/schema": "the API's OpenAPI schema: describes the product, no tenant data",
+    "api/v1/docs": "Swagger UI over that schema",
+    "api/v1/redoc": "Redoc over that schema",
+    "^api/": "any other path under /api/: a JSON 404",
 }
 ADMIN = "admin/"  # the whole admin site, as one entry
 PORTAL = ("portal", "portal_object")  # pages: a session, and a redirect to sign in without one
