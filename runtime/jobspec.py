@@ -306,7 +306,7 @@ def parse_workload(raw: Any) -> WorkloadSpec:
     defaults = dict(BUILTIN_MODELS["synthetic-mlp"])
     if kind == "builtin":
         model = "synthetic-mlp" if model is None else model
-        if model in BUILTIN_MODELS:
+        if isinstance(model, str) and model in BUILTIN_MODELS:
             defaults = BUILTIN_MODELS[model]
         else:
             problems.found.append(

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -91,6 +92,22 @@ class BudgetView(APIView):
     def get(self, request: Request) -> Response:
         return Response(budget_answer(request_tenant_id(request)))
 
+    @extend_schema(
+        summary="Set the tenant's budgets",
+        description="A field left out keeps its value; null clears it. The soft budget warns, the hard one stops "
+        "new work; a soft budget above the hard one is refused.",
+        request={
+            "application/json": {
+                "type": "object",
+                "additionalProperties": False,
+                "minProperties": 1,
+                "properties": {
+                    name: {"type": ["string", "number", "null"], "description": 'An amount such as "500.00".'}
+                    for name in BUDGET_FIELDS
+                },
+            }
+        },
+    )
     def put(self, request: Request) -> Response:
         tenant_id = request_tenant_id(request)
         now = billing.budget_status(tenant_id)

@@ -73,7 +73,7 @@ def _since(raw: str | None) -> str | float | None:
     if raw.startswith("c"):
         return raw  # a cursor: the backend checks it
     try:
-        moment = datetime.fromisoformat(raw)
+        moment = datetime.fromisoformat(raw.upper())  # RFC 3339 allows a lower-case t and z
     except ValueError:
         raise Invalid(
             f"since: an ISO 8601 time (2024-05-01T12:00:00Z) or a cursor from an earlier answer, got {raw!r}",

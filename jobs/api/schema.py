@@ -10,6 +10,7 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 
+from jobs import services
 from runtime.jobspec import job_spec_schema
 
 
@@ -70,22 +71,45 @@ JOB_LIST: dict[str, Any] = {"type": "object", "properties": {"jobs": {"type": "a
 BINARY: dict[str, Any] = {"type": "string", "format": "binary"}
 
 
+# Query text may not hold a NUL (controlplane.middleware refuses it: PostgreSQL cannot store one).
+NO_NUL = r"^[^\u0000]*$"
+_CURSOR = r"^c([0-9]+-[0-9]+-[0-9]+-[0-9]+)?(_[0-9]+-[0-9]+-[0-9]+-[0-9]+)*$"
+
+
 def query(name: str, kind: Any = OpenApiTypes.STR, description: str = "", **extra: Any) -> OpenApiParameter:
+    if kind == OpenApiTypes.STR and "enum" not in extra:
+        extra.setdefault("pattern", NO_NUL)
     return OpenApiParameter(name, kind, OpenApiParameter.QUERY, description=description, **extra)
 
 
+def whole(lowest: int, highest: int | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer", "minimum": lowest}
+    if highest is not None:
+        schema["maximum"] = highest
+    return schema
+
+
+MAX_STEP = 2**63 - 1
 LOG_PARAMETERS = [
-    query("rank", OpenApiTypes.INT, "One rank (from 0); absent: every rank's lines interleaved by time."),
-    query("attempt", OpenApiTypes.INT, "Which run, from 0; absent: the newest."),
-    query("since", OpenApiTypes.STR, "An ISO 8601 time, or the cursor an earlier answer gave (X-Log-Cursor)."),
-    query("tail", OpenApiTypes.INT, "The last N lines only (at most 10,000)."),
-    query("limit", OpenApiTypes.INT, "At most this many lines (default and most 10,000); X-Log-More says more wait."),
+    query("rank", whole(0), "One rank (from 0); absent: every rank's lines interleaved by time."),
+    query("attempt", whole(0), "Which run, from 0; absent: the newest."),
+    query(
+        "since",
+        {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "string", "pattern": _CURSOR}]},
+        "An ISO 8601 time, or the cursor an earlier answer gave (X-Log-Cursor).",
+    ),
+    query("tail", whole(0, 10_000), "The last N lines only."),
+    query("limit", whole(1, 10_000), "At most this many lines (default 10,000); X-Log-More: true says more wait."),
     query("format", OpenApiTypes.STR, "text (default) or jsonl.", enum=["text", "jsonl"]),
     query("follow", OpenApiTypes.BOOL, "Stream new lines until the run has ended."),
 ]
 METRIC_PARAMETERS = [
-    query("name", OpenApiTypes.STR, "Series names, comma-separated or repeated; absent: all."),
-    query("from", OpenApiTypes.INT, "The first step."),
-    query("to", OpenApiTypes.INT, "The last step."),
-    query("points", OpenApiTypes.INT, "At most this many points per series (downsampled in equal step buckets)."),
+    query(
+        "name",
+        {"type": "string", "pattern": r"^[A-Za-z0-9_.:/,-]*$"},
+        "Series names (1-64 of letters, digits, _ . : / -), comma-separated or repeated; absent: all.",
+    ),
+    query("from", whole(0, MAX_STEP), "The first step."),
+    query("to", whole(0, MAX_STEP), "The last step."),
+    query("points", whole(1, services.MAX_METRIC_POINTS), "At most this many points a series (equal step buckets)."),
 ]

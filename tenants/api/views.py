@@ -12,6 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.exceptions import NotAuthenticated
 from rest_framework.request import Request
@@ -97,6 +98,24 @@ class TokenListView(_JsonView):
         tenant_id = request_tenant_id(request)
         return Response({"tokens": [token_json(t) for t in services.list_tokens(tenant_id=tenant_id)]})
 
+    @extend_schema(
+        summary="Issue an API token",
+        description="The secret is in this answer only. A token issued with a token holds at most that token's "
+        "scopes and expires no later than it.",
+        request={
+            "application/json": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1, "maxLength": parsing.MAX_TOKEN_NAME},
+                    "scopes": {"type": "array", "items": {"type": "string", "enum": ["read", "submit", "manage"]}},
+                    "expires_at": {"type": "string", "format": "date-time"},
+                    "expires_in_days": {"type": "integer", "minimum": 1, "maximum": parsing.MAX_TOKEN_DAYS},
+                },
+            }
+        },
+    )
     def post(self, request: Request) -> Response:
         access = request_access(request)
         tenant_id = request_tenant_id(request)

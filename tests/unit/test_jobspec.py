@@ -35,6 +35,7 @@ def test_duplicate_flavors_collapse_in_order():
         ({"flavors": ["h100-sxm", "tpu-v9"]}, "flavors[1]", "choose from a100-sxm, h100-sxm"),
         ({"workload": {"kind": "gpt-5"}}, "workload.kind", "synthetic-mlp"),
         ({"workload": {"lr": 0}}, "workload.lr", "greater than 0"),
+        ({"workload": {"model": {"name": "charlm"}}}, "workload.model", "not a built-in model"),
         ({"workload": {"steps": 1.5}}, "workload.steps", "whole number"),
         ({"workload": {"batch": 3}}, "workload.batch", "allowed here"),
         ({"workload": {"global_batch": 1}}, "workload.global_batch", "at least devices"),
