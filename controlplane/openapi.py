@@ -13,7 +13,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 from drf_spectacular.plumbing import build_bearer_security_scheme_object
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, inline_serializer
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 
@@ -52,6 +52,19 @@ _ERRORS = {
 }
 
 
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    description=(
+        "A key of your choosing (a UUID) that makes a retry safe: the same key with the same request within "
+        "24 h answers what the first answered (with Idempotency-Replayed: true) and does nothing again; with "
+        "another request, 422; while the first still runs, 409. Keys are the token's or user's own."
+    ),
+    pattern=r"^[ -~]{1,255}$",
+)
+
+
 class AutoSchema(SpectacularAutoSchema):
     """Adds the error answers each operation can give to what its view declares."""
 
@@ -79,6 +92,13 @@ class AutoSchema(SpectacularAutoSchema):
                     OpenApiResponse(response=ERROR_BODY, description=_ERRORS[status]), code, direction=direction
                 )
         return responses
+
+    def get_override_parameters(self) -> list[Any]:
+        parameters = list(super().get_override_parameters())
+        # The ingest takes a run's own token, not a principal's: no key there (controlplane.idempotency).
+        if self.method.upper() in ("POST", "PUT", "PATCH", "DELETE") and "/ingest/" not in self.path:
+            parameters.append(IDEMPOTENCY_KEY)
+        return parameters
 
     def get_operation_id(self) -> str:
         """The path's words, each parameter as by_<name>, and the method: unique by construction

@@ -147,6 +147,8 @@ MIDDLEWARE = [
     "controlplane.middleware.RejectUnfitQueryStrings",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # After authentication: a key belongs to the token or the signed-in user that sent it.
+    "controlplane.idempotency.IdempotencyKeyMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
@@ -333,7 +335,14 @@ CELERY_BEAT_SCHEDULE = {
     },
     "check-budgets": {"task": "billing.tasks.check_budgets", "schedule": 30.0, "options": {"expires": 60.0}},
     "invoice-cycle": {"task": "billing.tasks.invoice_cycle", "schedule": 3600.0, "options": {"expires": 3600.0}},
+    "purge-idempotency-keys": {
+        "task": "tenants.tasks.purge_idempotency_keys",
+        "schedule": 3600.0,
+        "options": {"expires": 3600.0},
+    },
 }
+# How long an Idempotency-Key's answer is kept (the IETF draft and Stripe keep at least 24 h).
+POLYCHIP_IDEMPOTENCY_TTL_HOURS = int(os.environ.get("POLYCHIP_IDEMPOTENCY_TTL_HOURS", "24"))
 # Last month's invoices are finalized from this day of the month on (usage of last month that arrives
 # later, up to 35 days after it ended, goes on the next invoice as an adjustment line).
 POLYCHIP_INVOICE_FINALIZE_DAY = int(os.environ.get("POLYCHIP_INVOICE_FINALIZE_DAY", "3"))

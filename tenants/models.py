@@ -133,3 +133,32 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class IdempotencyKey(models.Model):
+    """A request made with ``Idempotency-Key``: claimed before its view runs, then its answer, kept so
+    that the same request again gets the same answer (``tenants.idempotency``)."""
+
+    class State(models.TextChoices):
+        IN_FLIGHT = "in_flight"
+        DONE = "done"
+
+    # Whose key: the token ("token:<id>") or the signed-in user ("user:<id>"); a key is theirs alone.
+    principal = models.CharField(max_length=40)
+    key = models.CharField(max_length=255)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    # sha256 of the method, the path and the canonical body: the same key with another request is refused.
+    fingerprint = models.CharField(max_length=64)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.IN_FLIGHT)
+    claimed_at = models.DateTimeField()
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    body = models.BinaryField(default=b"", blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["principal", "key"], name="idempotency_key_per_principal")]
+        indexes = [models.Index(fields=["created_at"], name="idempotency_key_age")]
+
+    def __str__(self) -> str:
+        return f"{self.principal} {self.key[:40]}"

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from controlplane import domain
 from runtime.errors import FieldError
-from tenants import quota_rules
+from tenants import idempotency, quota_rules
 from tenants.contracts import (
     CohortView,
     IssuedToken,
@@ -752,3 +752,35 @@ def quotas_for_admission() -> list[TenantQuotaView]:
         )
         for t in tenants
     ]
+
+
+# --- Idempotency-Key (tenants.idempotency; used by controlplane.idempotency's middleware) ------------
+
+IDEMPOTENCY_KEPT_HEADERS: Final = idempotency.KEPT_HEADERS
+IdempotencyClaim = idempotency.Claim
+
+
+def idempotency_key_problem(key: str) -> str | None:
+    return idempotency.key_problem(key)
+
+
+def idempotency_fingerprint(method: str, path: str, content_type: str, body: bytes) -> str:
+    return idempotency.fingerprint(method, path, content_type, body)
+
+
+def claim_idempotency_key(*, principal: str, key: str, tenant_id: int | None, fingerprint: str) -> IdempotencyClaim:
+    """Whether to run a request that carries a key, replay its kept answer, or refuse it (409, 422)."""
+    return idempotency.claim(principal=principal, key=key, tenant_id=tenant_id, fingerprint=fingerprint)
+
+
+def store_idempotency_answer(row_id: int, status_code: int, headers: dict[str, str], body: bytes) -> None:
+    idempotency.store(row_id, status_code, headers, body)
+
+
+def release_idempotency_key(row_id: int) -> None:
+    idempotency.release(row_id)
+
+
+def purge_idempotency_keys() -> int:
+    """Forget the keys past POLYCHIP_IDEMPOTENCY_TTL_HOURS; how many."""
+    return idempotency.purge_expired()

@@ -12,7 +12,8 @@ from decimal import Decimal
 from typing import Any
 
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import NotAuthenticated
 from rest_framework.request import Request
@@ -100,6 +101,7 @@ class TokenListView(_JsonView):
 
     @extend_schema(
         summary="Issue an API token",
+        responses={201: OpenApiResponse(OpenApiTypes.OBJECT, description="The token, with its secret.")},
         description="The secret is in this answer only. A token issued with a token holds at most that token's "
         "scopes and expires no later than it.",
         request={
@@ -158,6 +160,7 @@ class CohortListView(_OperatorView):
     def get(self, request: Request) -> Response:
         return Response({"cohorts": [cohort_json(c) for c in services.list_cohorts()]})
 
+    @extend_schema(responses={201: OpenApiResponse(OpenApiTypes.OBJECT, description="The new cohort.")})
     def post(self, request: Request) -> Response:
         c = services.create_cohort(**parsing.cohort(request.data, partial=False))
         return Response(
@@ -182,6 +185,7 @@ class TenantListView(_OperatorView):
     def get(self, request: Request) -> Response:
         return Response({"tenants": [tenant_json(t) for t in services.list_tenants()]})
 
+    @extend_schema(responses={201: OpenApiResponse(OpenApiTypes.OBJECT, description="The new tenant.")})
     def post(self, request: Request) -> Response:
         t = services.create_tenant(**parsing.tenant(request.data, partial=False))
         return Response(

@@ -90,3 +90,29 @@ def test_a_method_a_route_does_not_take_is_a_json_405_with_allow(tenants):
     assert response.status_code == 405
     assert response.json()["error"]["code"] == "method_not_allowed"
     assert set(response["Allow"].replace(" ", "").split(",")) >= {"GET", "POST"}
+
+
+def test_what_a_create_or_delete_answers_is_a_documented_status(tenants):
+    """The success code a view writes by hand (201, 204) is the one its operation documents: a client
+    generated from the schema would otherwise treat the answer as unexpected."""
+    from django.contrib.auth import get_user_model
+
+    schema = _schema()
+    tenant = Client(headers={"Authorization": f"Bearer {tenants[0].token}"})
+    operator = Client()
+    operator.force_login(get_user_model().objects.create_user(username="op", password="op-password-1", is_staff=True))
+
+    def documented(method: str, path: str, response) -> None:
+        codes = schema["paths"][path][method]["responses"]
+        assert str(response.status_code) in codes, (method, path, response.status_code, response.content)
+
+    documented("post", "/api/v1/tokens", tenant.post("/api/v1/tokens", {"name": "ci"}, content_type="application/json"))
+    cohort = operator.post("/api/v1/operator/cohorts", {"name": "labs"}, content_type="application/json")
+    assert cohort.status_code == 201
+    documented("post", "/api/v1/operator/cohorts", cohort)
+    created = operator.post(
+        "/api/v1/operator/tenants", {"slug": "hooli", "name": "Hooli"}, content_type="application/json"
+    )
+    documented("post", "/api/v1/operator/tenants", created)
+    deleted = operator.delete(f"/api/v1/operator/cohorts/{cohort.json()['id']}")
+    documented("delete", "/api/v1/operator/cohorts/{cohort_id}", deleted)
