@@ -440,7 +440,7 @@ def _busy_loaders(count: int) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def loaded_host(jobs_count: int, loaders: int) -> dict[str, Any]:
-    from controlplane.cli import Client
+    from controlplane.cli.api import Api as Client
 
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="polychip-bench-hardening-") as scratch:
@@ -533,7 +533,7 @@ def restore_trials(trials: int) -> dict[str, Any]:
     """Kill a rank of a running job at random steps and right after checkpoint steps (the background
     saver is then writing), let recovery bring it back, and compare the final model's loss over the
     whole training set with an uninterrupted run's: |L_trial - L_reference| / L_reference."""
-    from controlplane.cli import Client
+    from controlplane.cli.api import Api as Client
 
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="polychip-bench-restore-") as scratch:

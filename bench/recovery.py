@@ -53,7 +53,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench.skeleton import cli, free_port  # noqa: E402
-from controlplane.cli import Client  # noqa: E402
+from controlplane.cli.api import Api as Client  # noqa: E402
 from runtime.jobspec import CheckpointSpec  # noqa: E402
 from runtime.recovery.checkpoint import Checkpointer  # noqa: E402
 from runtime.recovery.health import generate_histories  # noqa: E402
@@ -160,7 +160,7 @@ def _trial(client: Client, runs: Path, env: dict[str, str], trial: int, first: f
     recovery = job["recovery"] or {}
     failure, restored, resumed = recovery.get("last_failure"), recovery.get("restored"), recovery.get("resumed")
     ok = job["state"] == "succeeded" and job["restarts"] >= 1 and bool(restored and resumed)
-    events = client.session.get(f"{client.url}/api/v1/jobs/{job_id}/events", timeout=30).json()
+    events = {"events": list(client.pages(f"/api/v1/jobs/{job_id}/events", "events", limit=None))}
     detected = [e for e in events["events"] if str(e.get("message", "")).startswith("failure detected")]
     result = {
         "recovered": ok,

@@ -34,7 +34,8 @@ import websockets
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controlplane.cli import DEMO_SPEC, DEMO_USER, Client, follow  # noqa: E402
+from controlplane.cli.api import Api as Client  # noqa: E402
+from controlplane.cli.server import DEMO_SPEC, DEMO_USER, follow  # noqa: E402
 from tests.stack import portal_session  # noqa: E402
 
 
@@ -60,10 +61,10 @@ async def measure_push(url: str, session: requests.Session, client: Client, samp
         assert json.loads(await ws.recv())["type"] == "hello"
         assert json.loads(await ws.recv())["type"] == "snapshot"
         await asyncio.sleep(0.3)  # let the relay take its starting cursor
-        never_fits = {**DEMO_SPEC, "name": "push-probe", "devices": 64}
+        never_fits = {**DEMO_SPEC, "name": "push-probe", "devices": 64, "wait_for_capacity": True}
         while len(latencies) < samples:
             job = await asyncio.to_thread(client.submit, never_fits)
-            await asyncio.to_thread(client.session.post, f"{url}/api/v1/jobs/{job['id']}/cancel", timeout=10)
+            await asyncio.to_thread(client.cancel, job["id"])
             seen = 0
             while seen < 2:
                 message = json.loads(await asyncio.wait_for(ws.recv(), timeout=10))

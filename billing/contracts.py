@@ -90,6 +90,7 @@ class InvoiceView:
 
 @dataclass(frozen=True)
 class LedgerEntryView:
+    id: int  # the posting's id: the order pages of the ledger come in
     key: str
     job_id: int
     device_id: str

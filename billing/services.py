@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from billing import crashpoints, rating
@@ -641,9 +641,16 @@ def _invoice_view(invoice: Invoice, *, with_lines: bool) -> InvoiceView:
     )
 
 
-def list_invoices(tenant_id: int) -> list[InvoiceView]:
-    invoices = Invoice.objects.filter(tenant_id=tenant_id).select_related("tenant").order_by("-period")
-    return [_invoice_view(invoice, with_lines=False) for invoice in invoices]
+def list_invoices(tenant_id: int, *, after: int | None = None, limit: int | None = None) -> list[InvoiceView]:
+    """The tenant's invoices, newest first (by id), after the invoice ``after`` when given, at most ``limit``."""
+    invoices = Invoice.objects.filter(tenant_id=tenant_id).select_related("tenant").order_by("-pk")
+    if after is not None:
+        invoices = invoices.filter(pk__lt=after)
+    return [_invoice_view(invoice, with_lines=False) for invoice in (invoices[:limit] if limit else invoices)]
+
+
+def invoice_count(tenant_id: int) -> int:
+    return Invoice.objects.filter(tenant_id=tenant_id).count()
 
 
 def get_invoice(*, tenant_id: int, invoice_id: int) -> InvoiceView:
@@ -682,11 +689,31 @@ def usage_cost(*, tenant_id: int, job_id: int) -> dict[str, Decimal]:
 
 
 def ledger_entries(*, tenant_id: int, period: date | None = None) -> Iterable[LedgerEntryView]:
-    """The tenant's ledger, oldest first, streamed (for JSON and CSV exports)."""
+    """The tenant's ledger, oldest first by when the usage started, streamed (for the CSV export)."""
+    return _entry_views(_ledger(tenant_id, period).order_by("start_ms", "key"))
+
+
+def ledger_page(*, tenant_id: int, period: date | None, after: int | None, limit: int) -> list[LedgerEntryView]:
+    """A page of the ledger in the order it was posted (by id): later postings, even of earlier usage,
+    come after every page already read, so paging through never skips or repeats an entry."""
+    entries = _ledger(tenant_id, period)
+    if after is not None:
+        entries = entries.filter(pk__gt=after)
+    return list(_entry_views(entries.order_by("pk")[:limit]))
+
+
+def ledger_entry_count(*, tenant_id: int, period: date | None) -> int:
+    return _ledger(tenant_id, period).count()
+
+
+def _ledger(tenant_id: int, period: date | None) -> QuerySet[LedgerEntry]:
     entries = LedgerEntry.objects.filter(tenant_id=tenant_id)
-    if period is not None:
-        entries = entries.filter(period=period)
-    rows = entries.order_by("start_ms", "key").values_list(
+    return entries.filter(period=period) if period is not None else entries
+
+
+def _entry_views(entries: QuerySet[LedgerEntry]) -> Iterator[LedgerEntryView]:
+    rows = entries.values_list(
+        "pk",
         "key",
         "job_id",
         "record__device_id",
@@ -699,6 +726,7 @@ def ledger_entries(*, tenant_id: int, period: date | None = None) -> Iterable[Le
         "invoice__tenant_id",
     )
     for (
+        pk,
         key,
         job_id,
         device_id,
@@ -712,6 +740,7 @@ def ledger_entries(*, tenant_id: int, period: date | None = None) -> Iterable[Le
     ) in rows.iterator(chunk_size=2000):
         started = rating.from_epoch_ms(start_ms)
         yield LedgerEntryView(
+            id=pk,
             key=key,
             job_id=job_id,
             device_id=device_id,

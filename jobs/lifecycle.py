@@ -19,7 +19,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.domain import Invalid
-from jobs import bundles, dispatch, locks, recovery, throughput, transitions
+from jobs import bundles, capacity, dispatch, locks, recovery, throughput, transitions
 from jobs.backends import get_backend
 from jobs.errors import InvalidTransition, JobNotFound, QueueFull
 from jobs.finishing import finish_job
@@ -27,7 +27,7 @@ from jobs.models import TERMINAL_STATES, Flavor, JobAttempt, JobEvent, JobState,
 from jobs.pool import untorn_attempts
 from jobs.runs import checkpoint_url, ingest_token, job_key, run_key
 from runtime.backends.base import Backend, LaunchRequest, Phase, RankPlacement
-from runtime.jobspec import JobSpec
+from runtime.jobspec import MAX_PRIORITY, JobSpec, stored_job_spec
 from tenants import services as tenants
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,8 @@ def check_workload(*, tenant_id: int, spec: JobSpec) -> None:
 
 def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> TrainingJob:
     check_workload(tenant_id=tenant_id, spec=spec)
+    if not spec.wait_for_capacity and (why := capacity.never_fits(tenant_id=tenant_id, spec=spec)) is not None:
+        raise Invalid(why, field="devices", code="never_fits")
     cap = tenants.queued_jobs_cap(tenant_id)
     # A soft cap: two submissions at the same instant may both see room for one. It is there so that
     # one tenant cannot queue without end, not to count exactly.
@@ -236,6 +238,56 @@ def cancel_job(*, tenant_id: int, job_id: int) -> None:
     if not finish_job(job_id, JobState.CANCELLED, message="cancelled by the tenant"):
         state = TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
         raise InvalidTransition(f"job {job_id} ended as {state} before the cancel arrived; nothing to cancel")
+
+
+def retry_job(*, tenant_id: int, job_id: int, user_id: int | None) -> TrainingJob:
+    """A new job with the spec of one that has ended (a clone: its own id, queue place and attempts);
+    each of the two jobs' events names the other."""
+    job = TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).first()
+    if job is None:
+        raise JobNotFound(job_id)
+    if job.state not in TERMINAL_STATES:
+        raise InvalidTransition(
+            f"job {job_id} is {job.state}; a retry clones a job that has ended: wait for it, or cancel it first"
+        )
+    clone = submit_job(tenant_id=tenant_id, user_id=user_id, spec=stored_job_spec(job.spec))
+    with transaction.atomic():
+        transitions.record_event(
+            clone, kind=JobEvent.Kind.ACTION, message=f"a retry of job {job_id}", data={"retry_of": job_id}
+        )
+        transitions.record_event(
+            job, kind=JobEvent.Kind.ACTION, message=f"retried as job {clone.pk}", data={"retried_as": clone.pk}
+        )
+    return clone
+
+
+def set_priority(*, tenant_id: int, job_id: int, priority: int) -> None:
+    """Move a job that has not ended within its tenant's queue. Priority orders the tenant's own queue
+    and lets its work preempt borrowed capacity only, never another tenant's nominal share: any value
+    the spec allows is the tenant's to set."""
+    low, high = -MAX_PRIORITY, MAX_PRIORITY
+    if not low <= priority <= high:
+        raise Invalid(f"priority: between {low} and {high}, got {priority}", field="priority")
+    if not TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).exists():
+        raise JobNotFound(job_id)
+    with transaction.atomic():
+        job = locks.job(job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        if job.state in TERMINAL_STATES:
+            raise InvalidTransition(f"job {job_id} already ended as {job.state}; its priority no longer matters")
+        before = job.priority
+        job.priority = priority
+        job.spec = {**job.spec, "priority": priority}
+        job.save(update_fields=["priority", "spec"])
+        transitions.record_event(
+            job,
+            kind=JobEvent.Kind.ACTION,
+            message=f"priority {before} → {priority}",
+            data={"priority": priority, "was": before},
+        )
+        if job.state == JobState.QUEUED:
+            dispatch.after_commit(dispatch.ADMIT)
 
 
 def teardown_job(job_id: int) -> None:

@@ -175,7 +175,8 @@ class TrainingJob(models.Model):
 
     class Meta:
         indexes = [
-            models.Index(fields=["tenant", "-created_at"]),
+            # The jobs list: a tenant's jobs newest first, a page after a given id (keyset paging).
+            models.Index(fields=["tenant", "-id"], name="job_tenant_newest"),
             models.Index(fields=["state", "created_at"]),
             models.Index(fields=["tenant", "state", "-priority", "created_at"]),
         ]
@@ -268,6 +269,7 @@ class JobEvent(models.Model):
         TRANSITION = "transition"
         PROGRESS = "progress"
         RECOVERY = "recovery"  # a failure detected, a device marked, devices reallocated, a restore
+        ACTION = "action"  # the tenant's: a priority changed, a retry
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")

@@ -7,11 +7,13 @@ what ingest stored and from the job's typed spec.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from jobs.contracts import DeviceView, EventView, FlavorPoolView, JobView, QueuedJobView, QuotaUsageView
@@ -163,12 +165,57 @@ def get_job(*, tenant_id: int, job_id: int) -> JobView:
     return to_view(job, position=queue_position(job) if job.state == JobState.QUEUED else None)
 
 
-def list_jobs(*, tenant_id: int, limit: int = 100) -> list[JobView]:
-    jobs = with_current_attempt(
-        TrainingJob.scoped.for_tenant(tenant_id).prefetch_related(*ALLOCATION_DEVICES).order_by("-created_at", "-pk")
-    )[:limit]
-    positions = queue_positions(tenant_id)
-    return [to_view(job, position=positions.get(job.pk)) for job in jobs]
+@dataclass(frozen=True)
+class JobFilter:
+    """Which of a tenant's jobs a list shows; an empty field does not narrow it."""
+
+    states: tuple[str, ...] = ()
+    name: str = ""  # part of the name, any case
+    flavor: str = ""  # asked for in the spec, or ran on in any attempt
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+def _filtered(jobs: QuerySet[TrainingJob], where: JobFilter) -> QuerySet[TrainingJob]:
+    if where.states:
+        jobs = jobs.filter(state__in=where.states)
+    if where.name:
+        jobs = jobs.filter(name__icontains=where.name)
+    if where.created_after is not None:
+        jobs = jobs.filter(created_at__gte=where.created_after)
+    if where.created_before is not None:
+        jobs = jobs.filter(created_at__lt=where.created_before)
+    if where.flavor:
+        ran_on = Allocation.objects.filter(job_id=OuterRef("pk"), device__flavor__name=where.flavor)
+        # The spec's flavor list as JSON text holds the name in quotes: exact, on SQLite and PostgreSQL alike.
+        jobs = jobs.filter(Q(spec__flavors__icontains=f'"{where.flavor}"') | Exists(ran_on))
+    return jobs
+
+
+def list_jobs(
+    *, tenant_id: int, limit: int = 100, after: int | None = None, where: JobFilter | None = None
+) -> list[JobView]:
+    """The tenant's jobs, newest first (by id), after the job ``after`` when given, at most ``limit``."""
+    jobs = _filtered(TrainingJob.scoped.for_tenant(tenant_id), where or JobFilter())
+    if after is not None:
+        jobs = jobs.filter(pk__lt=after)
+    page = list(with_current_attempt(jobs.prefetch_related(*ALLOCATION_DEVICES).order_by("-pk"))[:limit])
+    positions = _queue_places(tenant_id, [job.pk for job in page if job.state == JobState.QUEUED])
+    return [to_view(job, position=positions.get(job.pk)) for job in page]
+
+
+def _queue_places(tenant_id: int, job_ids: list[int]) -> dict[int, int]:
+    """The places of some waiting jobs in their tenant's queue, in one query however long it is."""
+    if not job_ids:
+        return {}
+    order = [F("priority").desc(), F("created_at").asc(), F("pk").asc()]  # QUEUE_ORDER
+    ranked = (
+        TrainingJob.scoped.for_tenant(tenant_id)
+        .filter(state=JobState.QUEUED)
+        .annotate(place=Window(RowNumber(), order_by=order))
+        .filter(pk__in=job_ids)
+    )
+    return dict(ranked.values_list("pk", "place"))
 
 
 def event_view(event: JobEvent) -> EventView:
@@ -185,10 +232,14 @@ def event_view(event: JobEvent) -> EventView:
     )
 
 
-def list_events(*, tenant_id: int, job_id: int) -> list[EventView]:
+def list_events(*, tenant_id: int, job_id: int, after: int | None = None, limit: int | None = None) -> list[EventView]:
+    """A job's events, oldest first, after the event ``after`` when given, at most ``limit``."""
     if not TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).exists():
         raise JobNotFound(job_id)
-    return [event_view(e) for e in JobEvent.scoped.for_tenant(tenant_id).filter(job_id=job_id).order_by("pk")]
+    events = JobEvent.scoped.for_tenant(tenant_id).filter(job_id=job_id).order_by("pk")
+    if after is not None:
+        events = events.filter(pk__gt=after)
+    return [event_view(e) for e in (events[:limit] if limit is not None else events)]
 
 
 def recent_events(*, after_id: int, window_s: float, limit: int = 500) -> list[EventView]:

@@ -57,10 +57,12 @@ from jobs.metrics import MAX_POINTS as MAX_METRIC_POINTS
 from jobs.metrics import ReportedPoint as ReportedPoint
 from jobs.metrics import metric_series as metric_series
 from jobs.metrics import record_points as record_metric_points
+from jobs.models import JobState
 from jobs.pool import known_flavors as known_flavors
 from jobs.pool import pool_fabric as pool_fabric
 from jobs.pool import set_device_health as set_device_health
 from jobs.pool import sync_pool as sync_pool
+from jobs.queries import JobFilter as JobFilter
 from jobs.queries import get_job as get_job
 from jobs.queries import latest_event_id as latest_event_id
 from jobs.queries import list_events as list_events
@@ -84,12 +86,14 @@ from runtime.jobspec import JobSpec
 
 __all__ = [
     "DEFAULT_METRIC_POINTS",
+    "JOB_STATES",
     "MAX_METRIC_POINTS",
     "AttemptLogs",
     "BundleNotFound",
     "BundleRefused",
     "CycleReport",
     "InvalidTransition",
+    "JobFilter",
     "JobNotFound",
     "ReportedPoint",
     "TelemetryRejected",
@@ -152,10 +156,23 @@ __all__ = [
     "untorn_job_ids",
 ]
 
+# Every state a job may be in, in its life's order (the jobs list's ?state= filter takes them).
+JOB_STATES: tuple[str, ...] = tuple(JobState.values)
+
 
 def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> JobView:
     """Store a job (queued, its first attempt, the event) and ask for an admission cycle."""
     return queries.to_view(lifecycle.submit_job(tenant_id=tenant_id, user_id=user_id, spec=spec))
+
+
+def retry_job(*, tenant_id: int, job_id: int, user_id: int | None) -> JobView:
+    """Submit a job that has ended again, as a new job."""
+    return queries.to_view(lifecycle.retry_job(tenant_id=tenant_id, job_id=job_id, user_id=user_id))
+
+
+def set_priority(*, tenant_id: int, job_id: int, priority: int) -> JobView:
+    lifecycle.set_priority(tenant_id=tenant_id, job_id=job_id, priority=priority)
+    return queries.get_job(tenant_id=tenant_id, job_id=job_id)
 
 
 def cancel_job(*, tenant_id: int, job_id: int) -> JobView:

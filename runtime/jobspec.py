@@ -243,6 +243,10 @@ class JobSpec:
     # (None: all ``devices``), at most ``max_restarts`` times; one failure more ends it ``failed``.
     min_devices: int | None = None
     max_restarts: int = 3
+    # A job that could not start even on an idle pool (its gang is larger than the pool's devices of
+    # its flavors, or than its tenant's quota and cohort could ever give it) is refused at submit,
+    # unless it may wait for capacity to be added.
+    wait_for_capacity: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -533,6 +537,7 @@ def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
     comm = problems.take(lambda: parse_comm(raw.get("comm")), CommSpec())
     checkpoint = problems.take(lambda: parse_checkpoint(raw.get("checkpoint")), CheckpointSpec())
     max_restarts = problems.take(lambda: _int(raw, "max_restarts", "max_restarts", 3), 3)
+    wait = problems.take(lambda: _bool(raw, "wait_for_capacity", "wait_for_capacity", False), False)
     problems.check()
     return JobSpec(
         name=str(name).strip(),
@@ -545,6 +550,7 @@ def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
         checkpoint=checkpoint,
         min_devices=min_devices,
         max_restarts=max_restarts,
+        wait_for_capacity=wait,
     )
 
 

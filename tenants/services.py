@@ -266,9 +266,12 @@ def _token_view(token: ApiToken) -> TokenView:
     )
 
 
-def list_tokens(*, tenant_id: int) -> list[TokenView]:
-    tokens = ApiToken.scoped.for_tenant(tenant_id).select_related("user").order_by("-created_at", "-pk")
-    return [_token_view(t) for t in tokens]
+def list_tokens(*, tenant_id: int, after: int | None = None, limit: int | None = None) -> list[TokenView]:
+    """The tenant's tokens, newest first (by id), after the token ``after`` when given, at most ``limit``."""
+    tokens = ApiToken.scoped.for_tenant(tenant_id).select_related("user").order_by("-pk")
+    if after is not None:
+        tokens = tokens.filter(pk__lt=after)
+    return [_token_view(t) for t in (tokens[:limit] if limit is not None else tokens)]
 
 
 @transaction.atomic

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from datetime import date
 from itertools import islice
 from typing import Any
-from urllib.parse import urlencode
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.exceptions import APIException, NotFound
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -28,7 +28,8 @@ from rest_framework.views import APIView
 
 from billing import services
 from billing.api import serializers as out
-from billing.models import Invoice, LedgerEntry
+from billing.models import Invoice
+from controlplane import paging
 from controlplane.parsers import StrictJSONParser
 from tenants.permissions import IsOperator, RequireScope, request_tenant_id
 
@@ -91,22 +92,6 @@ def _period(text: Any) -> date:
         raise BadParameter(exc.field or "period", str(exc)) from None
 
 
-# Offsets and the like: far past any table's size, and within a C long for itertools.islice.
-MAX_QUERY_NUMBER = 10**15
-
-
-def _whole_number(request: Request, name: str, default: int, *, low: int, high: int | None = None) -> int:
-    text = request.query_params.get(name)
-    if text is None or text == "":
-        return default
-    high = MAX_QUERY_NUMBER if high is None else high
-    bound = f"from {low} to {high}"
-    # The length first: int() of thousands of digits is refused by Python itself (a 500, not a 400).
-    if not (text.isascii() and text.isdigit()) or len(text) > 18 or not low <= int(text) <= high:
-        raise BadParameter(name, f"must be a whole number {bound}, got {text!r}")
-    return int(text)
-
-
 ROWS_PER_CHUNK = 500
 
 
@@ -138,13 +123,16 @@ def csv_response(
 
 
 class UsageView(_BillingView):
-    """The tenant's ledger entries, oldest first: one per usage record and billing period.
+    """The tenant's ledger entries: one per usage record and billing period.
 
-    JSON comes in pages (``?limit=``, at most 10,000, and ``?offset=``, with ``next`` naming the
-    following page); CSV streams every entry of the period, or of all periods without one."""
+    JSON comes in cursor pages in the order entries were posted (``?limit=``, 1,000 unless asked, at
+    most 10,000; ``?cursor=`` from ``next_cursor``), so that usage posted while a client pages through
+    lands on a later page instead of shifting the ones it reads; CSV streams every entry of the period,
+    or of all periods without one, oldest usage first."""
 
     permission_classes = [RequireScope]
 
+    @extend_schema(parameters=paging.page_parameters(PAGE_MAX, PAGE_DEFAULT))
     def get(self, request: Request) -> Any:
         tenant_id = request_tenant_id(request)
         fmt = export_format(request)
@@ -153,45 +141,38 @@ class UsageView(_BillingView):
             name = f"usage-{period:%Y-%m}.csv" if period else "usage.csv"
             entries = services.ledger_entries(tenant_id=tenant_id, period=period)
             return csv_response(request, name, out.USAGE_COLUMNS, out.usage_rows(entries))
-        limit = _whole_number(request, "limit", PAGE_DEFAULT, low=1, high=PAGE_MAX)
-        offset = _whole_number(request, "offset", 0, low=0)
-        count = _entry_count(tenant_id, period)
-        entries = services.ledger_entries(tenant_id=tenant_id, period=period)
-        page = [out.entry_json(entry) for entry in islice(entries, offset, offset + limit)]
-        following = None
-        if offset + limit < count:
-            query = {"period": f"{period:%Y-%m}"} if period else {}
-            following = f"/api/v1/usage?{urlencode({**query, 'limit': limit, 'offset': offset + limit})}"
-        return Response(
-            {
-                "period": f"{period:%Y-%m}" if period else None,
-                "count": count,
-                "offset": offset,
-                "limit": limit,
-                "next": following,
-                "entries": page,
-            }
+        page = paging.page_request(request.query_params, default=PAGE_DEFAULT, maximum=PAGE_MAX)
+        rows = services.ledger_page(tenant_id=tenant_id, period=period, after=page.after, limit=page.limit + 1)
+        extra = {
+            "period": f"{period:%Y-%m}" if period else None,
+            "count": services.ledger_entry_count(tenant_id=tenant_id, period=period),
+        }
+        return paging.page_response(
+            request, "entries", rows, page, row_id=lambda e: e.id, render=out.entry_json, extra=extra
         )
-
-
-def _entry_count(tenant_id: int, period: date | None) -> int:
-    entries = LedgerEntry.objects.filter(tenant_id=tenant_id)
-    return (entries.filter(period=period) if period else entries).count()
 
 
 # --- invoices --------------------------------------------------------------------------------------
 
 
 class InvoiceListView(_BillingView):
+    """The tenant's invoices, newest first: JSON in cursor pages, CSV all of them."""
+
     permission_classes = [RequireScope]
 
+    @extend_schema(parameters=paging.PAGE_PARAMETERS)
     def get(self, request: Request) -> Any:
         tenant_id = request_tenant_id(request)
         fmt = export_format(request)
-        invoices = services.list_invoices(tenant_id)
         if fmt == "csv":
+            invoices = services.list_invoices(tenant_id)
             return csv_response(request, "invoices.csv", out.INVOICE_COLUMNS, out.invoice_rows(invoices))
-        return Response({"count": len(invoices), "invoices": [out.invoice_json(i) for i in invoices]})
+        page = paging.page_request(request.query_params)
+        rows = services.list_invoices(tenant_id, after=page.after, limit=page.limit + 1)
+        extra = {"count": services.invoice_count(tenant_id)}
+        return paging.page_response(
+            request, "invoices", rows, page, row_id=lambda i: i.id, render=out.invoice_json, extra=extra
+        )
 
 
 class InvoiceDetailView(_BillingView):

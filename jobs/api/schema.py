@@ -67,7 +67,23 @@ JOB: dict[str, Any] = {
         "artifact": {"type": ["string", "null"]},
     },
 }
-JOB_LIST: dict[str, Any] = {"type": "object", "properties": {"jobs": {"type": "array", "items": JOB}}}
+
+
+def page_of(key: str, item: dict[str, Any]) -> dict[str, Any]:
+    """A cursor page's body (controlplane.paging)."""
+    return {
+        "type": "object",
+        "required": [key, "limit", "next_cursor", "next"],
+        "properties": {
+            key: {"type": "array", "items": item},
+            "limit": {"type": "integer"},
+            "next_cursor": {"type": ["string", "null"], "description": "The next page's cursor; null on the last."},
+            "next": {"type": ["string", "null"], "description": "The next page's path and query; null on the last."},
+        },
+    }
+
+
+JOB_LIST: dict[str, Any] = page_of("jobs", JOB)
 BINARY: dict[str, Any] = {"type": "string", "format": "binary"}
 
 
@@ -112,4 +128,18 @@ METRIC_PARAMETERS = [
     query("from", whole(0, MAX_STEP), "The first step."),
     query("to", whole(0, MAX_STEP), "The last step."),
     query("points", whole(1, services.MAX_METRIC_POINTS), "At most this many points a series (equal step buckets)."),
+]
+
+
+MAX_NAME_FILTER = 120
+JOB_FILTER_PARAMETERS = [
+    query(
+        "state",
+        {"type": "string", "pattern": r"^[a-z,]{0,200}$"},
+        f"One state or several, comma-separated: {', '.join(services.JOB_STATES)}.",
+    ),
+    query("name", {"type": "string", "maxLength": MAX_NAME_FILTER, "pattern": NO_NUL}, "Part of the name, any case."),
+    query("flavor", description="Jobs that ask for this flavor or ran on it."),
+    query("created_after", OpenApiTypes.DATETIME, "Created at or after this time (RFC 3339)."),
+    query("created_before", OpenApiTypes.DATETIME, "Created before this time (RFC 3339)."),
 ]

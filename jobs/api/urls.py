@@ -1,12 +1,15 @@
 from django.urls import path
 
-from jobs.api import artifacts, bundles, logs, spec, views
+from jobs.api import actions, artifacts, bundles, logs, spec, views
 
 urlpatterns = [
     path("jobs", views.JobListView.as_view(), name="api-jobs"),
     path("job-spec/schema", spec.JobSpecSchemaView.as_view(), name="api-job-spec-schema"),
     path("jobs/<int:job_id>", views.JobDetailView.as_view(), name="api-job"),
     path("jobs/<int:job_id>/cancel", views.JobCancelView.as_view(), name="api-job-cancel"),
+    path("jobs/<int:job_id>/retry", actions.JobRetryView.as_view(), name="api-job-retry"),
+    path("jobs/<int:job_id>/priority", actions.JobPriorityView.as_view(), name="api-job-priority"),
+    path("jobs/<int:job_id>/wait", actions.JobWaitView.as_view(), name="api-job-wait"),
     path("jobs/<int:job_id>/events", views.JobEventsView.as_view(), name="api-job-events"),
     path("jobs/<int:job_id>/usage", views.JobUsageView.as_view(), name="api-job-usage"),
     path("jobs/<int:job_id>/logs", logs.JobLogsView.as_view(), name="api-job-logs"),

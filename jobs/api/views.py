@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -13,10 +14,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import services as billing
+from controlplane import paging
+from controlplane.domain import Invalid
 from controlplane.parsers import StrictJSONParser
 from controlplane.throttles import PerJobIngestThrottle
 from jobs import services
-from jobs.api.schema import JOB, JOB_LIST, JOB_SPEC, query
+from jobs.api.schema import JOB, JOB_FILTER_PARAMETERS, JOB_LIST, JOB_SPEC, MAX_NAME_FILTER, query
 from jobs.contracts import (
     event_json,
     flavor_pool_json,
@@ -30,13 +33,42 @@ from runtime.jobspec import parse_job_spec
 from tenants.permissions import RequireScope, request_tenant_id
 
 
+def _job_filter(params: Mapping[str, str], *, known_flavors: Collection[str]) -> services.JobFilter:
+    states = tuple(part.strip().lower() for part in params.get("state", "").split(",") if part.strip())
+    for state in states:
+        if state not in services.JOB_STATES:
+            raise Invalid(
+                f"state: {state!r} is not a job state; one or more of {', '.join(services.JOB_STATES)}", field="state"
+            )
+    flavor = params.get("flavor", "")
+    if flavor and flavor not in known_flavors:
+        raise Invalid(
+            f"flavor: {flavor!r} is not a flavor of this pool; one of {', '.join(sorted(known_flavors))}",
+            field="flavor",
+        )
+    name = params.get("name", "")
+    if len(name) > MAX_NAME_FILTER:
+        raise Invalid(f"name: at most {MAX_NAME_FILTER} characters, got {len(name)}", field="name")
+    created_after, created_before = paging.moment(params, "created_after"), paging.moment(params, "created_before")
+    return services.JobFilter(
+        states=states, name=name, flavor=flavor, created_after=created_after, created_before=created_before
+    )
+
+
 class JobListView(APIView):
     permission_classes = [RequireScope]
 
-    @extend_schema(summary="The tenant's jobs, newest first", responses={200: JOB_LIST})
+    @extend_schema(
+        summary="The tenant's jobs, newest first, a page at a time",
+        parameters=[*JOB_FILTER_PARAMETERS, *paging.PAGE_PARAMETERS],
+        responses={200: JOB_LIST},
+    )
     def get(self, request: Request) -> Response:
         tenant_id = request_tenant_id(request)
-        return Response({"jobs": [job_json(j) for j in services.list_jobs(tenant_id=tenant_id)]})
+        page = paging.page_request(request.query_params)
+        where = _job_filter(request.query_params, known_flavors=services.known_flavors())
+        jobs = services.list_jobs(tenant_id=tenant_id, after=page.after, limit=page.limit + 1, where=where)
+        return paging.page_response(request, "jobs", jobs, page, row_id=lambda job: job.id, render=job_json)
 
     @extend_schema(
         summary="Submit a job",
@@ -74,9 +106,12 @@ class JobCancelView(APIView):
 class JobEventsView(APIView):
     permission_classes = [RequireScope]
 
+    @extend_schema(summary="A job's events, oldest first, a page at a time", parameters=paging.PAGE_PARAMETERS)
     def get(self, request: Request, job_id: int) -> Response:
-        events = services.list_events(tenant_id=request_tenant_id(request), job_id=job_id)
-        return Response({"events": [event_json(e) for e in events]})
+        page = paging.page_request(request.query_params)
+        tenant_id = request_tenant_id(request)
+        events = services.list_events(tenant_id=tenant_id, job_id=job_id, after=page.after, limit=page.limit + 1)
+        return paging.page_response(request, "events", events, page, row_id=lambda e: e.id, render=event_json)
 
 
 class JobUsageView(APIView):

@@ -5,6 +5,7 @@ from django.urls import path
 from tenants.api import views
 
 urlpatterns = [
+    path("me", views.MeView.as_view(), name="api-me"),
     path("tokens", views.TokenListView.as_view(), name="api-tokens"),
     path("tokens/<int:token_id>/revoke", views.TokenRevokeView.as_view(), name="api-token-revoke"),
     path("operator/cohorts", views.CohortListView.as_view(), name="api-operator-cohorts"),

@@ -20,12 +20,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane import paging
 from controlplane.parsers import StrictJSONParser
 from tenants import services
 from tenants.api import parsing
 from tenants.contracts import CohortView, QuotaView, TenantView, TokenView
 from tenants.models import ApiToken
-from tenants.permissions import MANAGE, IsOperator, request_access, request_tenant_id, scope_required
+from tenants.permissions import MANAGE, IsOperator, RequireScope, request_access, request_tenant_id, scope_required
 from tenants.quota_rules import amount_text
 
 
@@ -89,15 +90,44 @@ class _JsonView(APIView):
     parser_classes = [StrictJSONParser]
 
 
+# --- who am I ---------------------------------------------------------------------------------
+
+
+class MeView(_JsonView):
+    """Whom the request acts as: the tenant, the user and role, and the token (what ``polychip whoami``
+    and ``login`` show, and how a pipeline checks its secret before it submits)."""
+
+    permission_classes = [RequireScope]
+
+    @extend_schema(summary="Whom this token or session acts as")
+    def get(self, request: Request) -> Response:
+        access = request_access(request)
+        tenant = services.get_tenant(request_tenant_id(request))
+        token = request.auth if isinstance(request.auth, ApiToken) else None
+        return Response(
+            {
+                "tenant": {"id": tenant.id, "slug": tenant.slug, "name": tenant.name},
+                "user": request.user.get_username() if request.user is not None else None,
+                "role": access.role,
+                "scopes": sorted(access.scopes),
+                "token": None
+                if token is None
+                else {"name": token.name, "prefix": token.prefix, "expires_at": _time(token.expires_at)},
+            }
+        )
+
+
 # --- tokens (a tenant's own; scope manage) -----------------------------------------------------
 
 
 class TokenListView(_JsonView):
     permission_classes = [scope_required(MANAGE, read=MANAGE)]
 
+    @extend_schema(summary="The tenant's tokens, newest first, a page at a time", parameters=paging.PAGE_PARAMETERS)
     def get(self, request: Request) -> Response:
-        tenant_id = request_tenant_id(request)
-        return Response({"tokens": [token_json(t) for t in services.list_tokens(tenant_id=tenant_id)]})
+        page = paging.page_request(request.query_params)
+        tokens = services.list_tokens(tenant_id=request_tenant_id(request), after=page.after, limit=page.limit + 1)
+        return paging.page_response(request, "tokens", tokens, page, row_id=lambda t: t.id, render=token_json)
 
     @extend_schema(
         summary="Issue an API token",

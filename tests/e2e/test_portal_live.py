@@ -9,7 +9,11 @@ from playwright.sync_api import Locator, Page, expect
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-NEVER_FITS = {"devices": 30, "flavors": ["a100-sxm"]}  # more than the pool holds: stays queued, starts no process
+NEVER_FITS = {
+    "devices": 30,
+    "flavors": ["a100-sxm"],
+    "wait_for_capacity": True,
+}  # more than the pool: queued, never starts
 WAIT_MS = 10_000
 
 

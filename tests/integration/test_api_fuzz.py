@@ -74,7 +74,8 @@ def _fuzz(url: str, token: str, report: Path) -> subprocess.CompletedProcess[str
         "--report-junit-path",
         str(report),
     ]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks"}
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
 
 
 @pytest.mark.timeout(1200)

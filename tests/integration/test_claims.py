@@ -87,7 +87,9 @@ def test_running_admission_and_provisioning_twice_changes_nothing(tenants, pool,
 
 def test_a_job_that_does_not_fit_waits_with_its_reason_and_lets_smaller_ones_start(tenants, pool):
     acme = tenants[0]
-    big = services.submit_job(tenant_id=acme.id, user_id=None, spec=parse_job_spec({**SPEC, "devices": 30}))
+    big = services.submit_job(
+        tenant_id=acme.id, user_id=None, spec=parse_job_spec({**SPEC, "devices": 30, "wait_for_capacity": True})
+    )
     small = services.submit_job(tenant_id=acme.id, user_id=None, spec=parse_job_spec({**SPEC, "devices": 1}))
 
     assert services.admit_queued_jobs() == [small.id]

@@ -102,20 +102,22 @@ def test_an_invalid_spec_is_refused_naming_the_field_and_changes_nothing(api_for
 
 def test_another_tenants_job_answers_404_and_no_token_answers_401(api_for, tenants, pool):
     acme, globex, _ = tenants
-    job_id = api_for(acme.token).post("/api/v1/jobs", {**SPEC, "devices": 20}).json()["id"]  # never fits: stays queued
+    # Larger than the pool, and asked to wait for capacity: it stays queued.
+    job_id = api_for(acme.token).post("/api/v1/jobs", {**SPEC, "devices": 20, "wait_for_capacity": True}).json()["id"]
 
     for path in (f"/api/v1/jobs/{job_id}", f"/api/v1/jobs/{job_id}/events", f"/api/v1/jobs/{job_id}/usage"):
         assert api_for(globex.token).get(path).status_code == 404
         assert api_for(None).get(path).status_code == 401
     assert api_for(globex.token).post(f"/api/v1/jobs/{job_id}/cancel").status_code == 404
-    assert api_for(globex.token).get("/api/v1/jobs").json() == {"jobs": []}
+    assert api_for(globex.token).get("/api/v1/jobs").json()["jobs"] == []
     assert api_for("pc_not-a-real-token").get("/api/v1/jobs").status_code == 401
     assert TrainingJob.objects.get(pk=job_id).state == JobState.QUEUED
 
 
 def test_a_job_that_cannot_fit_waits_with_a_reason_and_can_be_cancelled(api_for, tenants, pool):
     api = api_for(tenants[0].token)
-    job_id = api.post("/api/v1/jobs", {**SPEC, "devices": 5, "flavors": ["tpu-v4"]}).json()["id"]
+    spec = {**SPEC, "devices": 5, "flavors": ["tpu-v4"], "wait_for_capacity": True}
+    job_id = api.post("/api/v1/jobs", spec).json()["id"]
 
     def has_reason() -> bool:
         return bool(api.get(f"/api/v1/jobs/{job_id}").json()["pending_reason"])
@@ -197,7 +199,9 @@ def test_the_portal_pushes_each_transition_to_its_tenant_only(stack, api_for, te
             sockets.append(ws)
         await asyncio.sleep(0.5)
         api = api_for(acme.token)
-        job_id = (await asyncio.to_thread(api.post, "/api/v1/jobs", {**SPEC, "devices": 30})).json()["id"]
+        job_id = (
+            await asyncio.to_thread(api.post, "/api/v1/jobs", {**SPEC, "devices": 30, "wait_for_capacity": True})
+        ).json()["id"]
         await asyncio.to_thread(api.post, f"/api/v1/jobs/{job_id}/cancel")
 
         async def drain(ws, want: int, timeout_s: float) -> list[dict]:

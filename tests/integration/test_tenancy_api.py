@@ -684,3 +684,14 @@ def test_the_admin_refuses_quotas_the_api_would_refuse(operator, tenants, cohort
     )
     assert response.status_code == 200 and "whole devices" in response.content.decode()
     assert snapshot() == before
+
+
+def test_me_says_whom_a_token_acts_as(tenants):
+    from django.test import Client
+
+    acme = tenants[0]
+    me = Client(headers={"Authorization": f"Bearer {acme.token}"}).get("/api/v1/me").json()
+    assert me["tenant"]["slug"] == "acme" and me["user"] == acme.username
+    assert me["scopes"] == ["read", "submit"] and me["token"]["name"] == "tests"
+    assert me["token"]["prefix"] == acme.token[:9]
+    assert Client().get("/api/v1/me").status_code == 401

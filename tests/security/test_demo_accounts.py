@@ -124,3 +124,16 @@ def test_the_asgi_server_will_not_load_in_production_with_a_demo_account(tmp_pat
     get_user_model().objects.filter(username="demo").delete()
     started = subprocess.run(probe, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, started.stderr[-2000:]
+
+
+def test_the_demo_token_stays_the_same_across_starts_until_it_is_revoked(tmp_path):
+    _, token_file = _demo_accounts(tmp_path)
+    first = token_file.read_text().strip()
+    _demo_accounts(tmp_path)  # a second `make up`: a CI secret made from the first still works
+    assert token_file.read_text().strip() == first
+    assert services.authenticate_token(first) is not None
+    token = services.authenticate_token(first)
+    services.revoke_token(tenant_id=token.tenant_id, token_id=token.pk)
+    _demo_accounts(tmp_path)  # revoked: a new one replaces it
+    assert token_file.read_text().strip() != first
+    assert services.authenticate_token(token_file.read_text().strip()) is not None

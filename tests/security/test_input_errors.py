@@ -82,17 +82,31 @@ def test_a_token_name_with_a_nul_or_a_lone_surrogate_is_a_400(tenants, name):
     [
         ("/api/v1/throughput?job_class=a%00b", "job_class"),
         ("/api/v1/throughput?flavor=%00", "flavor"),
-        ("/api/v1/usage?offset=1&period=2026-01%00", "period"),
+        ("/api/v1/usage?limit=1&period=2026-01%00", "period"),
     ],
 )
 def test_a_nul_in_a_query_parameter_is_a_400(tenants, path, field):
     assert error_of(api(tenants[0].token).get(path))["field"] == field
 
 
-@pytest.mark.parametrize("offset", ["9223372036854775808", "9" * 5000, "-1", "1e3"])
-def test_an_offset_out_of_range_is_a_400(tenants, offset):
-    error = error_of(api(tenants[0].token).get(f"/api/v1/usage?offset={offset}"))
-    assert error["field"] == "offset"
+@pytest.mark.parametrize("limit", ["9223372036854775808", "9" * 5000, "-1", "1e3", "0", "10001", ""])
+@pytest.mark.parametrize("path", ["/api/v1/usage", "/api/v1/jobs", "/api/v1/invoices", "/api/v1/tokens"])
+def test_a_page_size_out_of_range_is_a_400(tenants, path, limit):
+    from tenants import services
+
+    acme = tenants[0]
+    token = services.issue_token(tenant_id=acme.id, username=acme.username, name="all", scopes=["read", "manage"])
+    error = error_of(api(token.secret).get(f"{path}?limit={limit}"))
+    assert error["field"] == "limit"
+
+
+@pytest.mark.parametrize("cursor", ["", "x", "k" + "9" * 5000, "%00", "k-1", "k1.5", "1"])
+def test_a_cursor_the_api_did_not_give_is_a_400(tenants, cursor):
+    response = api(tenants[0].token).get(f"/api/v1/jobs?cursor={cursor}")
+    if cursor == "":
+        assert response.status_code == 200  # no cursor: the first page
+    else:
+        assert error_of(response)["field"] == "cursor"
 
 
 def test_a_step_past_a_32_bit_column_is_a_400(tenants, pool):

@@ -167,10 +167,16 @@
   function loadHistory(jobId) {
     if (history.has(jobId)) return;
     history.set(jobId, "loading");
-    fetch(`/api/v1/jobs/${jobId}/events`, {credentials: "same-origin", headers: {Accept: "application/json"}})
-      .then((response) => (response.ok ? response.json() : Promise.reject(new Error(`HTTP ${response.status}`))))
-      .then((body) => {
-        addEvents(jobId, body.events || []);
+    // The events come in pages: follow each answer's next link until the last page.
+    const page = (url) =>
+      fetch(url, {credentials: "same-origin", headers: {Accept: "application/json"}})
+        .then((response) => (response.ok ? response.json() : Promise.reject(new Error(`HTTP ${response.status}`))))
+        .then((body) => {
+          addEvents(jobId, body.events || []);
+          return body.next ? page(body.next) : null;
+        });
+    page(`/api/v1/jobs/${jobId}/events?limit=500`)
+      .then(() => {
         history.set(jobId, "loaded");
         if (jobs.has(jobId)) render(jobs.get(jobId));
       })

@@ -15,7 +15,8 @@ from tenants.quota_rules import QuotaSpec
 
 class Command(BaseCommand):
     help = (
-        "Create a tenant with a user (if missing) and issue an API token, written to a file. The user's "
+        "Create a tenant with a user (if missing) and an API token kept in a file (a live one there is kept). "
+        "The user's "
         "password is random, written to --password-file (mode 0600); there is no default password."
     )
 
@@ -24,7 +25,11 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="Demo Lab")
         parser.add_argument("--user", default="demo")
         parser.add_argument("--password-file", required=True, help="where to write the user's new password (0600)")
-        parser.add_argument("--token-file", required=True, help="where to write the new token (mode 0600)")
+        parser.add_argument(
+            "--token-file",
+            required=True,
+            help="where the token is kept (mode 0600): a live token already there is kept, else a new one is written",
+        )
         parser.add_argument(
             "--demo",
             action="store_true",
@@ -54,9 +59,24 @@ class Command(BaseCommand):
         write_secret(password_file, password)
         if options["nau_quota"] is not None and not services.get_tenant(tenant.id).quotas:
             services.set_quota(tenant.id, QuotaSpec(resource=NAU_RESOURCE, nominal=options["nau_quota"]))
-        token = services.issue_token(tenant_id=tenant.id, username=options["user"], name="demo CLI", replace=True)
-        write_secret(Path(options["token_file"]), token.secret)
+        token_file = Path(options["token_file"])
+        if _still_works(token_file, tenant_id=tenant.id, username=options["user"]):
+            kept = "kept"  # a CI secret made from it keeps working across restarts, until it is revoked
+        else:
+            token = services.issue_token(tenant_id=tenant.id, username=options["user"], name="demo CLI", replace=True)
+            write_secret(token_file, token.secret)
+            kept = "written"
         self.stdout.write(
             f"tenant {tenant.slug}: user {options['user']}, password written to {password_file}, "
-            f"token written to {options['token_file']}"
+            f"token {kept} in {token_file}"
         )
+
+
+def _still_works(token_file: Path, *, tenant_id: int, username: str) -> bool:
+    """Whether the file holds a live token of this user in this tenant."""
+    try:
+        secret = token_file.read_text().strip()
+    except OSError:
+        return False
+    token = services.authenticate_token(secret) if secret else None
+    return token is not None and token.tenant_id == tenant_id and token.user.get_username() == username

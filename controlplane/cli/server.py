@@ -1,17 +1,13 @@
-"""The ``polychip`` command: run the control plane here, and talk to it over REST.
+"""Running the control plane on this machine: ``polychip up``, ``down``, ``status`` and ``demo``.
 
-    polychip up        migrate, load the pool, start the ASGI server, a Celery worker and beat (no account)
-    polychip down      stop them
-    polychip demo      up, the demo tenant and operator (random passwords), then the demo job and a summary
-    polychip submit F  submit a job spec (YAML or JSON) and optionally follow it
-    polychip status    what runs, where
-
-The client side speaks only HTTP to the API, as a CI pipeline would.
+The embedded default: a uvicorn ASGI server, a Celery worker and beat, started as processes of
+their own (sessions of their own, logs in var/log) against SQLite or DATABASE_URL. This module needs
+the server install (Django, Celery, torch through the local backend); the client commands never
+import it.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -24,13 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import requests
-import yaml
+import httpx
 
-from runtime.backends.local.backend import LocalBackend
+from controlplane.cli import exitcodes
+from controlplane.cli.api import Api
 from runtime.backends.local.procs import pid_alive
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"succeeded", "failed", "cancelled"}
 DEMO_USER = "demo"
 OPERATOR_USER = "operator"
@@ -102,9 +98,9 @@ def _wait_healthy(url: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if requests.get(f"{url}/healthz", timeout=2).ok:
+            if httpx.get(f"{url}/healthz", timeout=2).is_success:
                 return
-        except requests.RequestException:
+        except httpx.HTTPError:
             pass
         time.sleep(0.3)
     raise SystemExit(
@@ -112,20 +108,20 @@ def _wait_healthy(url: str, timeout_s: float = 60) -> None:
     )
 
 
-def cmd_up(args: argparse.Namespace) -> str:
-    url = f"http://{args.host}:{args.port}"
+def up(*, host: str, port: int, demo_accounts: bool = False) -> str:
+    url = f"http://{host}:{port}"
     public_url = os.environ.setdefault("POLYCHIP_PUBLIC_URL", url)
     env = dict(os.environ, POLYCHIP_PUBLIC_URL=public_url, PYTHONUNBUFFERED="1")
     print("• migrating the database and loading the pool", flush=True)
     _manage("migrate", "--noinput", "-v", "0")
     _manage("load_pool")
-    if getattr(args, "demo_accounts", False):
+    if demo_accounts:
         ensure_demo_accounts()
 
-    if _running("server") is None and _port_in_use(args.host, args.port):
-        raise SystemExit(f"port {args.port} on {args.host} is taken by another program; choose one with POLYCHIP_PORT")
+    if _running("server") is None and _port_in_use(host, port):
+        raise SystemExit(f"port {port} on {host} is taken by another program; choose one with POLYCHIP_PORT")
     python = [sys.executable, "-m"]
-    server = f"uvicorn controlplane.asgi:application --host {args.host} --port {args.port} --log-level warning"
+    server = f"uvicorn controlplane.asgi:application --host {host} --port {port} --log-level warning"
     worker = "celery -A controlplane worker --loglevel INFO --concurrency 2 --without-mingle --without-gossip"
     beat = "celery -A controlplane beat --loglevel INFO --schedule"
     _spawn("server", [*python, *server.split()], env)
@@ -133,7 +129,7 @@ def cmd_up(args: argparse.Namespace) -> str:
     _spawn("beat", [*python, *beat.split(), str(var_dir() / "celerybeat-schedule")], env)
     _wait_healthy(url)
     print(f"• Polychip is up: portal {url}/, API {url}/api/v1/, admin console {url}/admin/", flush=True)
-    if not getattr(args, "demo_accounts", False):
+    if not demo_accounts:
         print(
             "  no account is created: `polychip demo` makes the demo's, or create yours with\n"
             "  python manage.py ensure_operator --password-file FILE and python manage.py ensure_tenant "
@@ -176,7 +172,7 @@ def _sign_in_lines(url: str) -> str:
     )
 
 
-def cmd_down(args: argparse.Namespace | None = None) -> None:
+def down() -> None:
     # Signal all three first, then wait for them together: a Celery warm shutdown takes seconds.
     stopping: dict[str, int] = {}
     for name in ("beat", "worker", "server"):
@@ -194,47 +190,20 @@ def cmd_down(args: argparse.Namespace | None = None) -> None:
         print(f"• stopped {name} (pid {pid})")
     # The jobs' processes run in sessions of their own (they outlive a worker restart): stop them too,
     # each run as its teardown does (SIGTERM, then SIGKILL), and wait until they are gone.
+    from runtime.backends.local.backend import LocalBackend
+
     runs = Path(os.environ.get("POLYCHIP_RUNS_DIR", var_dir() / "runs"))
     for run_dir in LocalBackend(runs, profiles={}).tear_down_every_run():
         print(f"• stopped the job processes of {Path(run_dir).name}")
 
 
-def cmd_status(args: argparse.Namespace) -> None:
+def status() -> None:
     for name in ("server", "worker", "beat"):
         pid = _running(name)
         print(f"{name:7} {'running, pid ' + str(pid) if pid else 'stopped'}")
 
 
-class Client:
-    def __init__(self, url: str, token: str) -> None:
-        self.url = url.rstrip("/")
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {token}"
-
-    def _check(self, response: requests.Response) -> Any:
-        if response.status_code >= 400:
-            try:
-                error = response.json()["error"]
-                where = f" ({error['field']})" if "field" in error else ""
-                raise SystemExit(f"error {response.status_code}{where}: {error['message']}")
-            except (ValueError, KeyError):
-                raise SystemExit(f"error {response.status_code}: {response.text[:500]}") from None
-        return response.json()
-
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self._check(self.session.post(f"{self.url}/api/v1/jobs", json=spec, timeout=30))
-
-    def job(self, job_id: int) -> dict[str, Any]:
-        return self._check(self.session.get(f"{self.url}/api/v1/jobs/{job_id}", timeout=30))
-
-    def cancel(self, job_id: int) -> None:
-        self.session.post(f"{self.url}/api/v1/jobs/{job_id}/cancel", timeout=30)
-
-    def usage(self, job_id: int) -> dict[str, Any]:
-        return self._check(self.session.get(f"{self.url}/api/v1/jobs/{job_id}/usage", timeout=30))
-
-
-def follow(client: Client, job_id: int, timeout_s: float) -> dict[str, Any]:
+def follow(client: Api, job_id: int, timeout_s: float) -> dict[str, Any]:
     """Poll a job until it ends, printing each change of state and the progress as it goes."""
     deadline = time.monotonic() + timeout_s
     last_state, last_step = "", -1
@@ -261,7 +230,7 @@ def follow(client: Client, job_id: int, timeout_s: float) -> dict[str, Any]:
         time.sleep(0.5)
 
 
-def summarize(client: Client, job: dict[str, Any], wall_s: float) -> None:
+def summarize(client: Api, job: dict[str, Any], wall_s: float) -> None:
     metered = client.usage(job["id"])
     usage, currency = metered["usage"], metered["currency"]
     devices = ", ".join(f"rank {d['rank']}: {d['device_id']} ({d['flavor']})" for d in job["devices"])
@@ -287,82 +256,30 @@ def summarize(client: Client, job: dict[str, Any], wall_s: float) -> None:
     print("─────────────────────────────────────────────────────────")
 
 
-def read_token() -> str:
-    token = os.environ.get("POLYCHIP_TOKEN")
-    if token:
-        return token
-    path = var_dir() / "demo-token"
-    if path.exists():
-        return path.read_text().strip()
-    raise SystemExit("no API token: set POLYCHIP_TOKEN, or run 'polychip demo' to create the demo tenant's")
+def demo_token() -> str:
+    return (var_dir() / "demo-token").read_text().strip()
 
 
-def cmd_submit(args: argparse.Namespace) -> None:
-    text = Path(args.file).read_text()
-    spec = yaml.safe_load(text)
-    client = Client(args.url, read_token())
-    job = client.submit(spec)
-    print(f"submitted job {job['id']} ({job['name']})")
-    if args.follow:
-        started = time.monotonic()
-        job = follow(client, job["id"], args.timeout)
-        summarize(client, job, time.monotonic() - started)
-        if job["state"] != "succeeded":
-            raise SystemExit(1)
-
-
-def cmd_demo(args: argparse.Namespace) -> None:
-    args.demo_accounts = True
-    url = cmd_up(args)
+def demo(*, host: str, port: int, stop: bool, timeout_s: float, no_job: bool) -> int:
+    """``polychip demo``: up with the demo accounts, the demo job followed and summarized; its exit code."""
+    url = up(host=host, port=port, demo_accounts=True)
     print(f"• {_sign_in_lines(url)}", flush=True)
-    if args.no_job:
-        return
+    if no_job:
+        return exitcodes.SUCCEEDED
     try:
-        client = Client(url, read_token())
-        started = time.monotonic()
-        job = client.submit(DEMO_SPEC)
-        print(f"• submitted job {job['id']} through POST {url}/api/v1/jobs: {json.dumps(DEMO_SPEC)}", flush=True)
-        try:
-            job = follow(client, job["id"], args.timeout)
-        except (SystemExit, KeyboardInterrupt):
-            client.cancel(job["id"])  # leave no training behind
-            raise
-        summarize(client, job, time.monotonic() - started)
+        with Api(url, demo_token()) as client:
+            started = time.monotonic()
+            job = client.submit(DEMO_SPEC)
+            print(f"• submitted job {job['id']} through POST {url}/api/v1/jobs: {json.dumps(DEMO_SPEC)}", flush=True)
+            try:
+                job = follow(client, job["id"], timeout_s)
+            except (SystemExit, KeyboardInterrupt):
+                client.cancel(job["id"])  # leave no training behind
+                raise
+            summarize(client, job, time.monotonic() - started)
     finally:
-        if args.stop:
-            cmd_down()
-    if not args.stop:
+        if stop:
+            down()
+    if not stop:
         print(f"\nThe servers are still up: {_sign_in_lines(url)}. Stop them with: make down")
-    if job["state"] != "succeeded":
-        raise SystemExit(1)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    parser = argparse.ArgumentParser(
-        prog="polychip", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, func, helptext in (("up", cmd_up, "start the servers"), ("demo", cmd_demo, "start and run the demo job")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--host", default="127.0.0.1")
-        p.add_argument("--port", type=int, default=int(os.environ.get("POLYCHIP_PORT", "8000")))
-        p.set_defaults(func=func)
-        if name == "demo":
-            p.add_argument("--stop", action="store_true", help="stop the servers after the summary (for CI)")
-            p.add_argument("--timeout", type=float, default=600, help="seconds to wait for the job")
-            p.add_argument("--no-job", action="store_true", help="start and create the demo accounts, submit nothing")
-    sub.add_parser("down", help="stop the servers").set_defaults(func=cmd_down)
-    sub.add_parser("status", help="which servers run").set_defaults(func=cmd_status)
-    p = sub.add_parser("submit", help="submit a job spec file (YAML or JSON)")
-    p.add_argument("file")
-    p.add_argument("--url", default=os.environ.get("POLYCHIP_URL", "http://127.0.0.1:8000"))
-    p.add_argument("--follow", action="store_true", help="wait for the job and print a summary")
-    p.add_argument("--timeout", type=float, default=3600)
-    p.set_defaults(func=cmd_submit)
-    args = parser.parse_args(argv)
-    args.func(args)
-
-
-if __name__ == "__main__":
-    main()
+    return exitcodes.BY_STATE.get(job["state"], exitcodes.NOT_FINISHED)

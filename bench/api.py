@@ -1,0 +1,291 @@
+"""The API and the CLI that CI pipelines use (issue 19): conformance, latency under load, idempotency.
+
+    python bench/api.py [--quick]
+
+- schemathesis_failures: tests/integration/test_api_fuzz.py run as it runs in `make test` (every check,
+  every phase, seed 1, against a live stack, once with each of two tenants' tokens), the failures and
+  errors in its JUnit reports (var/reports/schemathesis-*.xml), summed. Target: 0.
+- submit_p50_ms, submit_p99_ms, list_p50_ms, list_p99_ms: one uvicorn server (as `polychip up` runs it)
+  on a scratch PostgreSQL database (polychip_bench_api) holding 100,000 jobs of one tenant (90% ended,
+  10% waiting); 16 clients on loopback, each sending a submit (1 tpu-v4: the refusal check at submit
+  runs) or a list (GET /api/v1/jobs, a page of 50) in turn as fast as answers come, for 30 s (10 s
+  with --quick) after a warm-up. Targets: submit p99 <= 100 ms, list p99 <= 150 ms.
+- idempotent_duplicates: 32 clients released at once with the same Idempotency-Key and body; the jobs
+  created beyond the first. Target: 0.
+- cli_help_s: the median wall time of `polychip --help` (the console script), 9 runs (5 with --quick).
+  Target: <= 0.2 on an idle machine.
+- cli_install_mb: the client install (`pip install --target DIR .`: polychip with click, httpx, rich and
+  PyYAML, no server extra), the size of DIR in MiB.
+The last line printed is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.admission import PG  # noqa: E402
+from bench.admission import setup_django as setup_scratch_django  # noqa: E402
+from bench.skeleton import free_port  # noqa: E402
+
+BENCH_DB = "polychip_bench_api"
+JOBS = 100_000
+CLIENTS = 16
+SUBMIT = {"name": "bench-submit", "devices": 1, "flavors": ["tpu-v4"], "workload": {"steps": 10}}
+UNLIMITED = "100000000/min"
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+# --- the world: 100,000 jobs ------------------------------------------------------------------------
+
+
+def seed(jobs: int) -> tuple[int, str]:
+    from django.conf import settings
+    from django.utils import timezone
+
+    from jobs import services
+    from jobs.models import JobState, TrainingJob
+    from runtime.inventory import load_pool
+    from runtime.jobspec import parse_job_spec
+    from tenants import services as tenants
+    from tenants.models import NAU_RESOURCE, Quota, Tenant
+
+    services.sync_pool(load_pool(settings.POLYCHIP_POOL_FILE))
+    ref = tenants.ensure_tenant_with_user(slug="acme", name="Acme", username="acme-user", password="pw-123456789")
+    Tenant.objects.filter(pk=ref.id).update(max_queued_jobs=10 * jobs)
+    Quota.objects.update_or_create(tenant_id=ref.id, resource=NAU_RESOURCE, defaults={"nominal": 1000})
+    token = tenants.issue_token(tenant_id=ref.id, username="acme-user", name="bench").secret
+    spec = parse_job_spec(SUBMIT).to_dict()
+    ended = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+    start = timezone.now() - timezone.timedelta(days=30)
+    batch: list[TrainingJob] = []
+    for n in range(jobs):
+        state = JobState.QUEUED if n % 10 == 0 else ended[n % 3]
+        batch.append(
+            TrainingJob(
+                tenant_id=ref.id, name=f"seeded-{n}", spec=spec, state=state, total_steps=10, job_class="synthetic-mlp"
+            )
+        )
+        if len(batch) == 5000:
+            TrainingJob.objects.bulk_create(batch)
+            batch = []
+    TrainingJob.objects.bulk_create(batch)
+    # Spread over a month, oldest first, as a real history would be.
+    TrainingJob.objects.filter(tenant_id=ref.id).update(created_at=start)
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    return ref.id, token
+
+
+# --- a server -----------------------------------------------------------------------------------------
+
+
+def serve(scratch: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "CHANNEL_", "POLYCHIP_"))}
+    env.update(
+        DATABASE_URL=f"{PG}/{BENCH_DB}",
+        CELERY_BROKER_URL="memory://",  # the admission messages go nowhere: no job is launched
+        POLYCHIP_VAR_DIR=scratch,
+        POLYCHIP_RATE_PER_TOKEN=UNLIMITED,
+        POLYCHIP_RATE_PER_ADDRESS=UNLIMITED,
+        POLYCHIP_PASSWORD_HASHERS="django.contrib.auth.hashers.MD5PasswordHasher",
+    )
+    command = [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--port", str(port)]
+    server = subprocess.Popen([*command, "--log-level", "warning"], env=env, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).is_success:
+                return server, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    server.kill()
+    raise SystemExit("bench: the server did not start")
+
+
+# --- load ---------------------------------------------------------------------------------------------
+
+
+def load(url: str, token: str, seconds: float) -> dict[str, list[float]]:
+    """CLIENTS threads, each alternating a submit and a list; latencies (ms) per kind."""
+    import httpx
+
+    latencies: dict[str, list[float]] = {"submit": [], "list": []}
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+
+    def client(number: int) -> None:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+            turn = number % 2
+            while time.monotonic() < stop_at:
+                kind = ("submit", "list")[turn]
+                turn ^= 1
+                started = time.perf_counter()
+                if kind == "submit":
+                    response = http.post("/api/v1/jobs", json=SUBMIT)
+                else:
+                    response = http.get("/api/v1/jobs", params={"limit": 50})
+                took = (time.perf_counter() - started) * 1000
+                with lock:
+                    if response.status_code >= 300:
+                        errors.append(f"{kind}: HTTP {response.status_code} {response.text[:200]}")
+                    latencies[kind].append(took)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise SystemExit(f"bench: {len(errors)} requests failed, e.g. {errors[0]}")
+    return latencies
+
+
+def duplicates(url: str, token: str, tenant_id: int) -> int:
+    """32 clients released together with one key and one body: the jobs made beyond the first."""
+    import httpx
+
+    from jobs.models import TrainingJob
+
+    body = {**SUBMIT, "name": "bench-idempotent"}
+    gate = threading.Barrier(32)
+    codes: list[int] = []
+
+    def send() -> None:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+            gate.wait()
+            codes.append(http.post("/api/v1/jobs", json=body, headers={"Idempotency-Key": "bench-race"}).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    made = TrainingJob.objects.filter(tenant_id=tenant_id, name="bench-idempotent").count()
+    say(f"idempotency: 32 racing clients, answers {sorted(set(codes))}, {made} job(s) made")
+    return made - 1
+
+
+# --- schemathesis, the CLI ----------------------------------------------------------------------------
+
+
+def schemathesis_failures() -> int:
+    reports = ROOT / "var" / "reports"
+    for old in reports.glob("schemathesis-*.xml"):
+        old.unlink()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "CHANNEL_", "POLYCHIP_", "DATABASE_"))}
+    env.update(
+        DATABASE_URL=f"{PG}/polychip_bench_api_fuzz",
+        CELERY_BROKER_URL="redis://127.0.0.1:6379/12",
+        CHANNEL_REDIS_URL="redis://127.0.0.1:6379/13",
+        POLYCHIP_VAR_DIR=str(ROOT / "var" / "bench-api-fuzz"),
+        POLYCHIP_PASSWORD_HASHERS="django.contrib.auth.hashers.MD5PasswordHasher",
+    )
+    test = "tests/integration/test_api_fuzz.py"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], env=env, cwd=ROOT)
+    found = sorted(reports.glob("schemathesis-*.xml"))
+    if not found:
+        raise SystemExit(f"bench: the fuzz test wrote no report (exit {done.returncode})")
+    failures = 0
+    for report in found:
+        for suite in ET.parse(report).getroot().iter("testsuite"):
+            failures += int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+    say(f"schemathesis: {failures} failures in {', '.join(r.name for r in found)} (pytest exit {done.returncode})")
+    return failures
+
+
+def timed(command: list[str], runs: int) -> float:
+    walls = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        walls.append(time.perf_counter() - started)
+    return statistics.median(walls)
+
+
+def install_mb() -> float:
+    with tempfile.TemporaryDirectory(prefix="polychip-client-") as target:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--target", target, str(ROOT)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        size = sum(path.stat().st_size for path in Path(target).rglob("*") if path.is_file())
+        names = sorted({p.name.split("-")[0] for p in Path(target).glob("*.dist-info")})
+        say(f"client install: {', '.join(names)}")
+    return size / 2**20
+
+
+# --- the figures ---------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="10 s of load instead of 30, fewer CLI runs")
+    args = parser.parse_args()
+    seconds, runs = (10.0, 5) if args.quick else (30.0, 9)
+    figures: dict[str, Any] = {"quick": args.quick}
+
+    cli = str(Path(sys.executable).parent / "polychip")
+    figures["cli_help_s"] = round(timed([cli, "--help"], runs), 3)
+    say(f"polychip --help: {figures['cli_help_s']} s (median of {runs})")
+    figures["cli_install_mb"] = round(install_mb(), 1)
+    say(f"client install: {figures['cli_install_mb']} MiB")
+
+    setup_scratch_django(BENCH_DB, "bench-api")
+    started = time.monotonic()
+    tenant_id, token = seed(JOBS)
+    say(f"seeded {JOBS} jobs in {time.monotonic() - started:.0f} s")
+    scratch = tempfile.mkdtemp(prefix="polychip-bench-api-")
+    server, url = serve(scratch)
+    try:
+        load(url, token, 3.0)  # warm-up: connections, caches, the first plans
+        latencies = load(url, token, seconds)
+        for kind in ("submit", "list"):
+            values = latencies[kind]
+            figures[f"{kind}_p50_ms"] = round(percentile(values, 0.5), 1)
+            figures[f"{kind}_p99_ms"] = round(percentile(values, 0.99), 1)
+            say(
+                f"{kind}: {len(values)} requests from {CLIENTS} clients in {seconds:.0f} s, "
+                f"p50 {figures[f'{kind}_p50_ms']} ms, p99 {figures[f'{kind}_p99_ms']} ms"
+            )
+        figures["requests_per_s"] = round(sum(len(v) for v in latencies.values()) / seconds, 1)
+        figures["idempotent_duplicates"] = duplicates(url, token, tenant_id)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    figures["schemathesis_failures"] = schemathesis_failures()
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from controlplane.cli.main import main
+
+main()

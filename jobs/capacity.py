@@ -1,0 +1,65 @@
+"""Whether a job could ever start: the check at submit that keeps a job from waiting forever.
+
+A job is asked to wait only for what will come: devices that others hold now, quota that others
+borrow now. If it could not start even on an idle pool, with every device of the pool in service
+and no other work anywhere, it never will (until an operator adds devices or quota), so submit
+refuses it with the reason (400, ``devices``), unless its spec says ``wait_for_capacity: true``.
+
+The question is put to the scheduler itself rather than answered by a formula beside it: one
+admission cycle of this job alone, on the whole pool free, under its tenant's quotas and its
+cohort's lending. Whatever admission would refuse there (a gang larger than the flavors' devices,
+more than the quota and the cohort could ever give, the NAU a flavor costs) it refuses at submit, in
+the same words.
+"""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from jobs.models import Device
+from jobs.pool import as_free_device
+from jobs.snapshot import tenant_quotas
+from jobs.throughput import throughput_matrix
+from runtime.jobspec import JobSpec
+from runtime.scheduling import schedule
+from runtime.scheduling.model import PendingJob, Snapshot
+
+_ALONE = 0  # the job id of the hypothetical job: no stored job has it
+
+
+def never_fits(*, tenant_id: int, spec: JobSpec) -> str | None:
+    """Why the job could not start even on an idle pool; None when it could."""
+    every_device = [as_free_device(d) for d in Device.objects.select_related("node", "flavor").order_by("device_id")]
+    allowed = set(spec.flavors)
+    in_pool = sum(1 for device in every_device if device.flavor in allowed)
+    flavors = " or ".join(spec.flavors)
+    if in_pool < spec.devices:
+        return (
+            f"needs {spec.devices} devices of {flavors} but the pool has {in_pool} in all, so it could never start; "
+            f"ask for at most {in_pool}, allow more flavors, or set wait_for_capacity: true to wait for more devices"
+        )
+    job = PendingJob(
+        job_id=_ALONE,
+        tenant_id=tenant_id,
+        priority=spec.priority,
+        submitted_at=0.0,
+        devices=spec.devices,
+        flavors=spec.flavors,
+        job_class=spec.workload.job_class,
+    )
+    idle = Snapshot(
+        now=timezone.now().timestamp(),
+        tenants=tenant_quotas(),
+        pending=[job],
+        admitted=[],
+        free=every_device,
+        nau_rates=throughput_matrix().rates({spec.workload.job_class}),
+    )
+    result = schedule(idle)
+    if any(admission.job_id == _ALONE for admission in result.admissions):
+        return None
+    why = next((waiting.reason for waiting in result.waiting if waiting.job_id == _ALONE), "")
+    return (
+        f"could never start, even with the whole pool idle: {why or 'admission refuses it'}; "
+        "ask for fewer devices or other flavors, ask an operator for quota, or set wait_for_capacity: true"
+    )
