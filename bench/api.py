@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -46,6 +47,9 @@ JOBS = 100_000
 CLIENTS = 16
 SUBMIT = {"name": "bench-submit", "devices": 1, "flavors": ["tpu-v4"], "workload": {"steps": 10}}
 UNLIMITED = "100000000/min"
+
+
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def say(line: str) -> None:

@@ -27,7 +27,7 @@ from rest_framework.views import APIView
 from controlplane.domain import Invalid
 from controlplane.parsers import StrictJSONParser
 from jobs import services
-from jobs.api.schema import JOB, query
+from jobs.api.schema import JOB, STATES_PATTERN, job_states, query
 from jobs.contracts import job_json
 from tenants.permissions import RequireScope, request_tenant_id
 
@@ -68,26 +68,20 @@ class JobPriorityView(APIView):
         responses={200: JOB},
     )
     def post(self, request: Request, job_id: int) -> Response:
+        tenant_id = request_tenant_id(request)
+        services.get_job(tenant_id=tenant_id, job_id=job_id)  # another tenant's job: 404, whatever the body
         body = request.data
         if not isinstance(body, Mapping) or set(body) != {"priority"}:
             raise Invalid('the body is {"priority": N}, a whole number from -1000 to 1000', field="priority")
         priority = body["priority"]
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise Invalid(f"priority: a whole number from -1000 to 1000, got {priority!r}", field="priority")
-        job = services.set_priority(tenant_id=request_tenant_id(request), job_id=job_id, priority=priority)
+        job = services.set_priority(tenant_id=tenant_id, job_id=job_id, priority=priority)
         return Response(job_json(job))
 
 
 def _states(raw: str | None) -> tuple[str, ...]:
-    if not raw:
-        return ENDED
-    wanted = tuple(part.strip().lower() for part in raw.split(",") if part.strip())
-    for state in wanted:
-        if state not in services.JOB_STATES:
-            raise Invalid(
-                f"until: {state!r} is not a job state; one or more of {', '.join(services.JOB_STATES)}", field="until"
-            )
-    return wanted or ENDED
+    return job_states(raw or "", "until") or ENDED
 
 
 def _seconds(raw: str | None) -> float:
@@ -121,7 +115,7 @@ class JobWaitView(APIView):
         parameters=[
             query(
                 "until",
-                {"type": "string", "pattern": r"^[a-z,]{0,200}$"},
+                {"type": "string", "pattern": STATES_PATTERN},
                 "The states to wait for, comma-separated; absent: any end (succeeded, failed, cancelled).",
             ),
             query(

@@ -19,7 +19,7 @@ from controlplane.domain import Invalid
 from controlplane.parsers import StrictJSONParser
 from controlplane.throttles import PerJobIngestThrottle
 from jobs import services
-from jobs.api.schema import JOB, JOB_FILTER_PARAMETERS, JOB_LIST, JOB_SPEC, MAX_NAME_FILTER, query
+from jobs.api.schema import JOB, JOB_FILTER_PARAMETERS, JOB_LIST, JOB_SPEC, MAX_NAME_FILTER, job_states, query
 from jobs.contracts import (
     event_json,
     flavor_pool_json,
@@ -34,12 +34,7 @@ from tenants.permissions import RequireScope, request_tenant_id
 
 
 def _job_filter(params: Mapping[str, str], *, known_flavors: Collection[str]) -> services.JobFilter:
-    states = tuple(part.strip().lower() for part in params.get("state", "").split(",") if part.strip())
-    for state in states:
-        if state not in services.JOB_STATES:
-            raise Invalid(
-                f"state: {state!r} is not a job state; one or more of {', '.join(services.JOB_STATES)}", field="state"
-            )
+    states = job_states(params.get("state", ""), "state")
     flavor = params.get("flavor", "")
     if flavor and flavor not in known_flavors:
         raise Invalid(

@@ -15,6 +15,7 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from billing.models import UsageRecord
+from controlplane.domain import Invalid
 from jobs import services, transitions
 from jobs.models import Allocation, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
@@ -37,8 +38,10 @@ def in_cohort(name, *tenant_fixtures):
     Tenant.objects.filter(pk__in=[t.id for t in tenant_fixtures]).update(cohort=cohort)
 
 
-def submit(tenant, devices, flavors=("ascend-910b",), priority=0, name="job"):
+def submit(tenant, devices, flavors=("ascend-910b",), priority=0, name="job", wait=False):
     spec = {"name": name, "devices": devices, "flavors": list(flavors), "priority": priority}
+    if wait:
+        spec["wait_for_capacity"] = True  # past what could ever be admitted: queued all the same
     return services.submit_job(tenant_id=tenant.id, user_id=None, spec=parse_job_spec(spec)).id
 
 
@@ -80,7 +83,9 @@ def test_a_device_quota_caps_the_tenant_and_says_why(lab):
 def test_no_quota_for_a_flavor_means_no_admission(lab):
     acme = lab[0]
     quota(acme, "ascend-910b", 4)
-    blocked = submit(acme, 1, flavors=("tpu-v4",))
+    with pytest.raises(Invalid, match="no quota for tpu-v4"):  # refused at submit: it could never start
+        submit(acme, 1, flavors=("tpu-v4",))
+    blocked = submit(acme, 1, flavors=("tpu-v4",), wait=True)
     assert services.admit_queued_jobs() == []
     assert "no quota for tpu-v4" in job(blocked).pending_reason
 
@@ -171,7 +176,9 @@ def test_priority_preempts_borrowed_work_but_never_a_nominal_share(lab):
 def test_a_tenant_without_a_cohort_never_borrows(lab):
     acme = lab[0]
     quota(acme, "ascend-910b", 2, borrowing=2)
-    big = submit(acme, 3)
+    with pytest.raises(Invalid, match="may hold at most 2"):
+        submit(acme, 3)
+    big = submit(acme, 3, wait=True)
     assert services.admit_queued_jobs() == []
     assert job(big).state == JobState.QUEUED
 

@@ -27,7 +27,8 @@ from tests.supervised import supervise_programs
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
-SPEC = {"name": "talks", "devices": 2, "flavors": ["tpu-v4"], "workload": {"steps": 50}}
+# No pool is loaded here: the job may wait for capacity, or submit would refuse it as never fitting.
+SPEC = {"name": "talks", "devices": 2, "flavors": ["tpu-v4"], "workload": {"steps": 50}, "wait_for_capacity": True}
 
 TWO_RANKS = {
     0: "import sys, time\nfor i in range(3):\n    print(f'zero {i}', flush=True)\n    time.sleep(0.01)\n"
