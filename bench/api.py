@@ -25,6 +25,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -236,6 +237,16 @@ def timed(command: list[str], runs: int) -> float:
 
 
 def install_mb() -> float:
+    # setuptools builds in the source tree (build/); leave the checkout as it was.
+    built_before = (ROOT / "build").exists()
+    try:
+        return _install_mb()
+    finally:
+        if not built_before:
+            shutil.rmtree(ROOT / "build", ignore_errors=True)
+
+
+def _install_mb() -> float:
     with tempfile.TemporaryDirectory(prefix="polychip-client-") as target:
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "-q", "--target", target, str(ROOT)],
