@@ -1,6 +1,8 @@
 """ASGI entry: Django for HTTP, Channels for WebSockets (session auth, same-origin only)."""
 
+import asyncio
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from django.core.asgi import get_asgi_application
 
@@ -16,7 +18,20 @@ from controlplane.production import refuse_demo_accounts  # noqa: E402
 from controlplane.websocket import SameOriginValidator  # noqa: E402
 from frontend.routing import websocket_urlpatterns  # noqa: E402
 
-refuse_demo_accounts()
+
+def _check_at_start() -> None:
+    """The start-up check reads the database. ``uvicorn --workers N`` imports this module inside each
+    worker's running event loop, where Django refuses synchronous queries: ask from a thread then."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        refuse_demo_accounts()
+        return
+    with ThreadPoolExecutor(max_workers=1) as thread:
+        thread.submit(refuse_demo_accounts).result()
+
+
+_check_at_start()
 
 application = ProtocolTypeRouter(
     {

@@ -108,6 +108,22 @@ def _wait_healthy(url: str, timeout_s: float = 60) -> None:
     )
 
 
+def _web_workers() -> int:
+    """POLYCHIP_WEB_WORKERS server processes (1 unless set). Several serve requests side by side, but
+    each holds its own WebSocket clients and throttle counts: they need the shared channel layer
+    (CHANNEL_REDIS_URL) and cache (POLYCHIP_CACHE_URL), or a pushed event would reach some clients only."""
+    raw = os.environ.get("POLYCHIP_WEB_WORKERS", "1")
+    if not raw.isdigit() or not 1 <= int(raw) <= 64:
+        raise SystemExit(f"POLYCHIP_WEB_WORKERS: a whole number from 1 to 64, got {raw!r}")
+    workers = int(raw)
+    if workers > 1 and not (os.environ.get("CHANNEL_REDIS_URL") and os.environ.get("POLYCHIP_CACHE_URL")):
+        raise SystemExit(
+            "POLYCHIP_WEB_WORKERS above 1 needs CHANNEL_REDIS_URL and POLYCHIP_CACHE_URL (a Redis shared by the "
+            "server processes for live pushes and throttle counts)"
+        )
+    return workers
+
+
 def up(*, host: str, port: int, demo_accounts: bool = False) -> str:
     url = f"http://{host}:{port}"
     public_url = os.environ.setdefault("POLYCHIP_PUBLIC_URL", url)
@@ -121,7 +137,10 @@ def up(*, host: str, port: int, demo_accounts: bool = False) -> str:
     if _running("server") is None and _port_in_use(host, port):
         raise SystemExit(f"port {port} on {host} is taken by another program; choose one with POLYCHIP_PORT")
     python = [sys.executable, "-m"]
-    server = f"uvicorn controlplane.asgi:application --host {host} --port {port} --log-level warning"
+    workers = _web_workers()
+    server = (
+        f"uvicorn controlplane.asgi:application --host {host} --port {port} --log-level warning --workers {workers}"
+    )
     worker = "celery -A controlplane worker --loglevel INFO --concurrency 2 --without-mingle --without-gossip"
     beat = "celery -A controlplane beat --loglevel INFO --schedule"
     _spawn("server", [*python, *server.split()], env)
