@@ -341,13 +341,21 @@ def logs(ctx: Context, job: str, follow: bool, rank: int | None, attempt: int | 
     return exitcodes.SUCCEEDED
 
 
+def _act(ctx: Context, job: str, action: str) -> dict[str, Any]:
+    """POST a job action once: its own Idempotency-Key makes the client's retries of it land once."""
+    with ctx.api() as api:
+        result: dict[str, Any] = api.post(
+            f"/api/v1/jobs/{_job_id(job)}/{action}", idempotency_key=f"cli-{uuid.uuid4()}"
+        )
+    return result
+
+
 @cli.command()
 @JOB_ID
 @api_command
 def cancel(ctx: Context, job: str) -> None:
     """Cancel a job (its processes are stopped and its usage metered)."""
-    with ctx.api() as api:
-        found = api.post(f"/api/v1/jobs/{_job_id(job)}/cancel", idempotency_key=f"cli-{uuid.uuid4()}")
+    found = _act(ctx, job, "cancel")
     ctx.out.say(f"job {found['id']} is {found['state']}")
     ctx.out.show(found, kind="job", columns=JOB_COLUMNS)
 
@@ -371,8 +379,7 @@ def wait(ctx: Context, job: str, timeout: float, follow: bool, cancel_on_timeout
 @api_command
 def retry(ctx: Context, job: str) -> None:
     """Submit an ended job again, as a new job."""
-    with ctx.api() as api:
-        clone = api.post(f"/api/v1/jobs/{_job_id(job)}/retry", idempotency_key=f"cli-{uuid.uuid4()}")
+    clone = _act(ctx, job, "retry")
     ctx.out.say(f"submitted job {clone['id']}, a retry of job {_job_id(job)}")
     ctx.out.show(clone, kind="job", columns=JOB_COLUMNS)
 

@@ -3,20 +3,19 @@ traceback) for everything that goes wrong; and the CI examples in docs/ci, run a
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import stat
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 from jobs.models import JobState, TrainingJob
+from tests.integration.test_bundles_api import tar_gz
 from tests.stack import ROOT, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -127,17 +126,11 @@ def test_a_wait_that_runs_out_of_time_exits_101_and_may_cancel(client_env, tmp_p
 
 
 def test_a_job_that_fails_exits_100(client_env, tmp_path, tenants):
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        script = b"raise SystemExit('the data is not there')\n"
-        info = tarfile.TarInfo("train.py")
-        info.size = len(script)
-        tar.addfile(info, io.BytesIO(script))
     import httpx
 
     bundle = httpx.post(
         f"{client_env['POLYCHIP_URL']}/api/v1/bundles",
-        content=buffer.getvalue(),
+        content=tar_gz({"train.py": b"raise SystemExit('the data is not there')\n"}),
         headers={"Authorization": f"Bearer {tenants[0].token}", "Content-Type": "application/gzip"},
     ).json()["bundle"]
     spec = {
