@@ -646,7 +646,9 @@ def list_invoices(tenant_id: int, *, after: int | None = None, limit: int | None
     invoices = Invoice.objects.filter(tenant_id=tenant_id).select_related("tenant").order_by("-pk")
     if after is not None:
         invoices = invoices.filter(pk__lt=after)
-    return [_invoice_view(invoice, with_lines=False) for invoice in (invoices[:limit] if limit else invoices)]
+    if limit is not None:
+        invoices = invoices[:limit]
+    return [_invoice_view(invoice, with_lines=False) for invoice in invoices]
 
 
 def invoice_count(tenant_id: int) -> int:

@@ -35,6 +35,7 @@ def _principal(request: HttpRequest) -> tuple[str, int | None] | None:
     scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
     if scheme == "Bearer" and secret.strip().startswith(tenants.TOKEN_PREFIX):
         token = tenants.authenticate_token(secret.strip())
+        setattr(request, tenants.AUTHENTICATED_TOKEN, token)  # the API's authentication looks no further
         return (f"token:{token.pk}", token.tenant_id) if token is not None else None
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:

@@ -106,8 +106,13 @@ def page_response(
     if following is not None:
         query = {name: value for name, value in request.query_params.items() if name != "cursor"}
         link = f"{request.path}?{urlencode({**query, 'cursor': following})}"
-    body = {**(extra or {}), key: [render(row) for row in shown], "limit": page.limit, "next_cursor": following}
-    body["next"] = link
+    body = {
+        **(extra or {}),
+        key: [render(row) for row in shown],
+        "limit": page.limit,
+        "next_cursor": following,
+        "next": link,
+    }
     return Response(body, headers={"Link": f'<{link}>; rel="next"'} if link else None)
 
 
@@ -125,7 +130,7 @@ def page_parameters(maximum: int = MAX_LIMIT, default: int = DEFAULT_LIMIT) -> l
             OpenApiTypes.STR,
             OpenApiParameter.QUERY,
             description="The next_cursor of the page before; absent for the first page.",
-            pattern=r"^(k[0-9]{1,18})?$",
+            pattern=f"^({CURSOR_PATTERN.strip('^$')})?$",  # or empty: the first page
         ),
     ]
 

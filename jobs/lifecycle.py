@@ -250,8 +250,8 @@ def retry_job(*, tenant_id: int, job_id: int, user_id: int | None) -> TrainingJo
         raise InvalidTransition(
             f"job {job_id} is {job.state}; a retry clones a job that has ended: wait for it, or cancel it first"
         )
-    clone = submit_job(tenant_id=tenant_id, user_id=user_id, spec=stored_job_spec(job.spec))
-    with transaction.atomic():
+    with transaction.atomic():  # the clone and both events, or none of them
+        clone = submit_job(tenant_id=tenant_id, user_id=user_id, spec=stored_job_spec(job.spec))
         transitions.record_event(
             clone, kind=JobEvent.Kind.ACTION, message=f"a retry of job {job_id}", data={"retry_of": job_id}
         )
@@ -268,11 +268,9 @@ def set_priority(*, tenant_id: int, job_id: int, priority: int) -> None:
     low, high = -MAX_PRIORITY, MAX_PRIORITY
     if not low <= priority <= high:
         raise Invalid(f"priority: between {low} and {high}, got {priority}", field="priority")
-    if not TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).exists():
-        raise JobNotFound(job_id)
     with transaction.atomic():
         job = locks.job(job_id)
-        if job is None:
+        if job is None or job.tenant_id != tenant_id:  # another tenant's job is not found either
             raise JobNotFound(job_id)
         if job.state in TERMINAL_STATES:
             raise InvalidTransition(f"job {job_id} already ended as {job.state}; its priority no longer matters")

@@ -23,7 +23,10 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         if not secret.startswith(services.TOKEN_PREFIX):
             # Worker ingest tokens use the same header on their own endpoint; not ours to judge.
             return None
-        token = services.authenticate_token(secret.strip())
+        # Looked up once per request: the Idempotency-Key middleware may have done it already.
+        token = getattr(request._request, services.AUTHENTICATED_TOKEN, None) or services.authenticate_token(
+            secret.strip()
+        )
         if token is None:
             raise exceptions.AuthenticationFailed("token is unknown, expired or revoked; issue a new one")
         return token.user, token

@@ -41,6 +41,9 @@ from tenants.models import ApiToken, Cohort, Membership, Quota, Role, Scope, Ten
 from tenants.quota_rules import QuotaSpec, amount_text
 
 TOKEN_PREFIX = "pc_"  # noqa: S105 (the public mark at the start of every token, not a secret)
+# Where a request keeps the token it was authenticated with, when something before the API views
+# (the Idempotency-Key middleware) has looked it up already: DRF's authentication takes it from there.
+AUTHENTICATED_TOKEN = "_polychip_token"  # noqa: S105 (an attribute's name, not a secret)
 LAST_USE_RESOLUTION = timedelta(minutes=1)
 # The group of the accounts `polychip demo` creates; a production-like start refuses while one exists.
 DEMO_GROUP: Final = "polychip-demo"

@@ -17,7 +17,7 @@ from controlplane.cli import exitcodes
 from controlplane.cli.errors import CliError
 
 RETRIES = 3
-BACKOFF_S = (0.5, 1.0, 2.0)
+BACKOFF_S = (0.5, 1.0, 2.0)  # before each of the RETRIES
 _TRANSIENT_STATUS = (502, 503, 504)
 
 
@@ -76,30 +76,24 @@ class Api:
         timeout_s: float | None = None,
     ) -> Any:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        repeatable = method == "GET" or idempotency_key is not None
-        for attempt in range(RETRIES + 1):
-            last = attempt == RETRIES or not repeatable
+        attempts = RETRIES + 1 if method == "GET" or idempotency_key is not None else 1
+        timeout = timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(BACKOFF_S[attempt - 1])
+            last = attempt == attempts - 1
             try:
-                response = self.http.request(
-                    method,
-                    path,
-                    json=json,
-                    params=params,
-                    headers=headers,
-                    timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
-                )
+                response = self.http.request(method, path, json=json, params=params, headers=headers, timeout=timeout)
             except httpx.TransportError as exc:
                 if last:
                     raise self._unreachable(exc) from None
-            else:
-                if response.status_code in _TRANSIENT_STATUS and not last:
-                    pass
-                elif response.status_code >= 400:
-                    raise refusal(response, self.url)
-                else:
-                    return response.json() if response.content.strip() else None
-            time.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
-        raise AssertionError("not reached")  # pragma: no cover
+                continue
+            if response.status_code in _TRANSIENT_STATUS and not last:
+                continue
+            if response.status_code >= 400:
+                raise refusal(response, self.url)
+            return response.json() if response.content.strip() else None
+        raise AssertionError("not reached: the last attempt returns or raises")
 
     def _unreachable(self, exc: httpx.TransportError) -> CliError:
         if isinstance(exc, httpx.TimeoutException):

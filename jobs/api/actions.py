@@ -29,12 +29,14 @@ from controlplane.parsers import StrictJSONParser
 from jobs import services
 from jobs.api.schema import JOB, STATES_PATTERN, job_states, query
 from jobs.contracts import job_json
+from runtime.jobspec import MAX_PRIORITY
 from tenants.permissions import RequireScope, request_tenant_id
 
 MAX_WAIT_S = 300
 POLL_S = 0.5
 KEEPALIVE_S = 10.0
 ENDED = ("succeeded", "failed", "cancelled")
+_PRIORITY = f"a whole number from {-MAX_PRIORITY} to {MAX_PRIORITY}"
 
 
 class JobRetryView(APIView):
@@ -62,7 +64,7 @@ class JobPriorityView(APIView):
                 "type": "object",
                 "additionalProperties": False,
                 "required": ["priority"],
-                "properties": {"priority": {"type": "integer", "minimum": -1000, "maximum": 1000}},
+                "properties": {"priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY}},
             }
         },
         responses={200: JOB},
@@ -72,10 +74,10 @@ class JobPriorityView(APIView):
         services.get_job(tenant_id=tenant_id, job_id=job_id)  # another tenant's job: 404, whatever the body
         body = request.data
         if not isinstance(body, Mapping) or set(body) != {"priority"}:
-            raise Invalid('the body is {"priority": N}, a whole number from -1000 to 1000', field="priority")
+            raise Invalid(f'the body is {{"priority": N}}, {_PRIORITY}', field="priority")
         priority = body["priority"]
         if isinstance(priority, bool) or not isinstance(priority, int):
-            raise Invalid(f"priority: a whole number from -1000 to 1000, got {priority!r}", field="priority")
+            raise Invalid(f"priority: {_PRIORITY}, got {priority!r}", field="priority")
         job = services.set_priority(tenant_id=tenant_id, job_id=job_id, priority=priority)
         return Response(job_json(job))
 

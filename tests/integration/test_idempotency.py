@@ -228,3 +228,14 @@ def test_32_racing_clients_with_one_key_submit_exactly_one_job(tenants, pool):
     # After the first has answered, every retry gets its answer.
     late = _submit(_client(tenants[0].token), "race")
     assert (late.status_code, late.json()["id"], late["Idempotency-Replayed"]) == (201, job_id, "true")
+
+
+@pytest.mark.django_db
+def test_a_keyed_request_looks_its_token_up_once(tenants, pool):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        assert _submit(_client(tenants[0].token), "once").status_code == 201
+    lookups = [q["sql"] for q in queries.captured_queries if q["sql"].startswith('SELECT "tenants_apitoken"')]
+    assert len(lookups) == 1, lookups
