@@ -7,7 +7,16 @@ from concurrent.futures import ThreadPoolExecutor
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-django_asgi_app = get_asgi_application()
+# A process that serves requests keeps its PostgreSQL connections in a pool (controlplane/settings.py);
+# what it starts later (a test's Celery worker) does not inherit the choice.
+_pool_asked = "POLYCHIP_DB_POOL" not in os.environ
+if _pool_asked:
+    os.environ["POLYCHIP_DB_POOL"] = "1"
+try:
+    django_asgi_app = get_asgi_application()
+finally:
+    if _pool_asked:
+        del os.environ["POLYCHIP_DB_POOL"]
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -214,6 +214,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (ASGI server, Celery worker, beat) share the file: wait for locks
     # instead of failing at once, and take the write lock at BEGIN so that claims serialize.
     DATABASES["default"]["OPTIONS"] = {"timeout": 30, "transaction_mode": "IMMEDIATE"}
+elif os.environ.get("POLYCHIP_DB_POOL") == "1":
+    # The ASGI server runs each request's synchronous part in a thread of its own, so a connection
+    # kept per thread (CONN_MAX_AGE) dies with its request: without a pool every request pays a
+    # PostgreSQL connection (a fork on the server, about a third of a short request's time). The
+    # server process turns this on (controlplane/asgi.py); Celery's forked workers keep their own
+    # per-process connections, since a pool's threads do not survive a fork.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "pool": {"min_size": 2, "max_size": int(os.environ.get("POLYCHIP_DB_POOL_SIZE", "8")), "timeout": 20}
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if hashers := os.environ.get("POLYCHIP_PASSWORD_HASHERS"):
