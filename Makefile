@@ -13,17 +13,21 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 	POLYCHIP_PASSWORD_HASHERS=django.contrib.auth.hashers.MD5PasswordHasher
 
 .DEFAULT_GOAL := help
-.PHONY: help install services demo up down status test test-properties test-unit test-integration test-runtime test-e2e test-security lint openapi fmt bench clean
+.PHONY: help install vendor services demo up down status test test-properties test-unit test-integration test-runtime test-e2e test-security lint openapi fmt bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z][a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml package-lock.json
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch first, by exact version, so nothing pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	# Browser assets from npm (package-lock.json): axe-core for the e2e tier; uPlot, whose built file is
+	# vendored under frontend/static/vendor (`make vendor` refreshes it), so that serving needs no npm.
+	if command -v npm >/dev/null; then npm ci --no-audit --no-fund --loglevel=error; \
+	else echo "npm not found: install Node.js; the e2e tier's accessibility checks need axe-core from npm"; fi
 	touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install Polychip with its test tools
@@ -65,6 +69,10 @@ test-e2e: install services ## The portal in a real browser (Chromium)
 
 test-security: install services ## The route matrix alone: every route against every role (PostgreSQL)
 	$(TEST_ENV) $(BIN)/pytest tests/security $(PYTEST_ARGS)
+
+vendor: ## Copy the npm assets the portal serves (uPlot) into frontend/static/vendor
+	npm ci --no-audit --no-fund --loglevel=error
+	cp node_modules/uplot/dist/uPlot.iife.min.js node_modules/uplot/dist/uPlot.min.css node_modules/uplot/LICENSE frontend/static/vendor/uplot/
 
 lint: install ## ruff, mypy, import boundaries, no missing migration, the committed OpenAPI schema is current (no server)
 	$(BIN)/ruff check .

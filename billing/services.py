@@ -676,6 +676,20 @@ def usage_by_flavor(*, tenant_id: int, job_id: int | None = None) -> list[Flavor
     ]
 
 
+def hourly_cost(*, tenant_id: int, devices: Mapping[str, tuple[int, int]], now: datetime | None = None) -> Decimal:
+    """What an hour of some devices would cost at the tenant's prices in effect now: ``devices`` maps a
+    flavor to (how many, milli-NAU per device for the job's class). A flavor without a price raises
+    ``RatingError``, as billing it would."""
+    book = price_book_for(tenant_id)
+    start_ms = rating.epoch_ms(now or timezone.now())
+    hour = [
+        rating.RatedUsage(0, flavor, rating.period_of(start_ms), start_ms, 3_600_000, nau_milli, price_at=start_ms)
+        for flavor, (count, nau_milli) in sorted(devices.items())
+        for _ in range(count)
+    ]
+    return rating.estimate(hour, book)
+
+
 def usage_cost(*, tenant_id: int, job_id: int) -> dict[str, Decimal]:
     """What the job's recorded usage costs per flavor at the tenant's prices, each flavor rounded once
     (an estimate for the job's page: the invoice rounds per line)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import cache
 from typing import Any, Final
 
 from rest_framework.exceptions import ParseError
@@ -74,3 +75,47 @@ def loads_strict(text: str) -> Any:
         raise BadJSON("body", f"nests too deeply (at most {MAX_DEPTH} levels)") from None
     _check(data, "", 0)
     return data
+
+
+class YamlParser(StrictJSONParser):
+    """A job spec written as YAML (``Content-Type: application/yaml``), as people write them by hand
+    and as the portal's editor sends them. Safe loading only (no Python objects); the value then gets
+    the same checks as JSON, and a syntax error names its line and column."""
+
+    media_type = "application/yaml"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        import yaml
+
+        try:
+            value = yaml.load(stream.read().decode("utf-8"), Loader=_loader())  # noqa: S506  (a safe loader)
+        except RecursionError:
+            raise BadJSON("body", f"nests too deeply (at most {MAX_DEPTH} levels)") from None
+        except UnicodeDecodeError:
+            raise BadJSON("body", "is not UTF-8 text") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or "is not valid YAML"
+            raise BadJSON("body", f"YAML{where}: {problem}") from None
+        _check(value, "", 0)
+        return value
+
+
+@cache
+def _loader() -> Any:
+    """PyYAML's safe loader without aliases: a spec never needs one, and a few nested aliases name a
+    structure exponentially larger than the text (the "billion laughs")."""
+    import yaml
+    from yaml.events import AliasEvent
+
+    class NoAliasSafeLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(AliasEvent):
+                event = self.peek_event()
+                raise yaml.constructor.ConstructorError(
+                    None, None, "aliases (*name) are not accepted; write the value out", event.start_mark
+                )
+            return super().compose_node(parent, index)
+
+    return NoAliasSafeLoader

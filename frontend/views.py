@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 
 from billing import services as billing
 from billing.contracts import BudgetStatus
+from controlplane import paging
+from controlplane.domain import Invalid
 from jobs import services as jobs
 from jobs.contracts import QuotaUsageView, job_json
 from tenants import services as tenants
+
+# Jobs on one page of the list: the API's own default page.
+JOBS_PER_PAGE = 50
 
 
 def _quota_row(quota: QuotaUsageView) -> dict[str, object]:
@@ -26,10 +32,39 @@ def _quota_row(quota: QuotaUsageView) -> dict[str, object]:
     }
 
 
+def _filter_from(request: HttpRequest) -> tuple[jobs.JobFilter, dict[str, str], str]:
+    """The list's filters from the query string, checked as the API checks them; a bad one is shown,
+    and the list is then unfiltered rather than an error page."""
+    wanted = {key: request.GET.get(key, "").strip() for key in ("state", "flavor", "name")}
+    states = tuple(wanted["state"].split(",")) if wanted["state"] else ()
+    if wanted["state"] and any(state not in jobs.JOB_STATES for state in states):
+        return jobs.JobFilter(), wanted, f"state: one of {', '.join(jobs.JOB_STATES)}"
+    if wanted["flavor"] and wanted["flavor"] not in jobs.known_flavors():
+        return jobs.JobFilter(), wanted, f"flavor: {wanted['flavor']!r} is not a flavor of this pool"
+    return jobs.JobFilter(states=states, flavor=wanted["flavor"], name=wanted["name"][:200]), wanted, ""
+
+
 @login_required
 def jobs_page(request: HttpRequest) -> HttpResponse:
+    """The tenant's jobs a page at a time (keyset paging on the id, so page 2,000 costs what page 1
+    does), filtered by state, flavor and name; the first unfiltered page also takes new jobs live."""
     tenant = tenants.tenant_for_user(request.user)
-    job_list = [job_json(j) for j in jobs.list_jobs(tenant_id=tenant.id)] if tenant else []
+    if tenant is None and request.user.is_staff:
+        return redirect("console-cluster")  # an operator of no tenant has no jobs: the console is theirs
+    where, wanted, filter_error = _filter_from(request)
+    try:
+        page = paging.page_request(request.GET)
+    except Invalid:
+        page = paging.page_request({})
+    job_list: list[dict[str, object]] = []
+    next_cursor = None
+    if tenant is not None:
+        views = jobs.list_jobs(tenant_id=tenant.id, after=page.after, limit=JOBS_PER_PAGE + 1, where=where)
+        if len(views) > JOBS_PER_PAGE:
+            views = views[:JOBS_PER_PAGE]
+            next_cursor = paging.encode_cursor(views[-1].id)
+        job_list = [job_json(j) for j in views]
+    query = "&".join(f"{k}={v}" for k, v in wanted.items() if v)
     return render(
         request,
         "frontend/jobs.html",
@@ -38,8 +73,68 @@ def jobs_page(request: HttpRequest) -> HttpResponse:
             "jobs": job_list,
             "pool": jobs.pool_summary(),
             "quotas": [_quota_row(q) for q in jobs.quota_usage(tenant_id=tenant.id)] if tenant else [],
+            "states": jobs.JOB_STATES,
+            "flavors": sorted(jobs.known_flavors()),
+            "wanted": wanted,
+            "filter_error": filter_error,
+            "next_cursor": next_cursor,
+            "first_page": page.after is None,
+            "filtered": any(wanted.values()),
+            "query": query,
         },
     )
+
+
+@login_required
+def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
+    tenant = tenants.tenant_for_user(request.user)
+    if tenant is None:
+        raise Http404("no such job")
+    try:
+        job = jobs.get_job(tenant_id=tenant.id, job_id=job_id)
+    except jobs.JobNotFound:
+        # Another tenant's job answers exactly like a missing one.
+        raise Http404("no such job") from None
+    member = tenants.membership_for_user(request.user)
+    return render(
+        request,
+        "frontend/job.html",
+        {"tenant": tenant, "job": job_json(job), "job_id": job.id, "name": job.name, "role": member.role if member else ""},
+    )
+
+
+@login_required
+def submit_page(request: HttpRequest) -> HttpResponse:
+    tenant = tenants.tenant_for_user(request.user)
+    return render(
+        request,
+        "frontend/submit.html",
+        {"tenant": tenant, "flavors": sorted(jobs.known_flavors()), "pool": jobs.pool_summary()},
+    )
+
+
+@login_required
+def tokens_page(request: HttpRequest) -> HttpResponse:
+    member = tenants.membership_for_user(request.user)
+    may_manage = member is not None and "manage" in tenants.role_scopes(member.role)
+    return render(
+        request,
+        "frontend/tokens.html",
+        {"tenant": member.tenant if member else None, "may_manage": may_manage, "role": member.role if member else ""},
+    )
+
+
+# --- the operator console (staff) ------------------------------------------------------------
+
+
+@staff_member_required(login_url="login")
+def console_cluster(request: HttpRequest) -> HttpResponse:
+    return render(request, "frontend/console_cluster.html", {"tenant": tenants.tenant_for_user(request.user)})
+
+
+@staff_member_required(login_url="login")
+def console_queue(request: HttpRequest) -> HttpResponse:
+    return render(request, "frontend/console_queue.html", {"tenant": tenants.tenant_for_user(request.user)})
 
 
 # --- billing ----------------------------------------------------------------------------------

@@ -65,6 +65,65 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class AdmissionPreview:
+    """What admission would do with a spec now, without storing it (the portal's submit form).
+
+    ``never`` says why it could never start (submit refuses it unless it may wait for capacity);
+    otherwise ``starts_now`` says whether the next cycle would start it, on ``devices`` (count per
+    flavor), or ``reason`` why it would wait. ``nau_milli_per_device`` prices each flavor's device
+    for this job's class (thousandths of a NAU), for the cost per hour."""
+
+    never: str | None
+    starts_now: bool
+    reason: str
+    devices: dict[str, int]
+    nau: float
+    borrowing: bool
+    preempts: tuple[int, ...]
+    nau_milli_per_device: dict[str, int]
+
+
+@dataclass(frozen=True)
+class DeviceCellView:
+    """One device on the operator's cluster map: its health, the predictor's score, and what holds it."""
+
+    device_id: str
+    index: int
+    flavor: str
+    health: str
+    failure_score: float | None
+    job_id: int | None
+    tenant_id: int | None
+    rank: int | None
+    job_state: str | None
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    flavor: str
+    rack: str
+    coords: tuple[int, ...]
+    devices: tuple[DeviceCellView, ...]
+
+
+@dataclass(frozen=True)
+class WaitingJobView:
+    """A waiting job in the queue across tenants (operators): its place in its tenant's queue, why it
+    waits, and what it asks for."""
+
+    id: int
+    tenant_id: int
+    name: str
+    priority: int
+    position: int
+    reason: str
+    devices: int
+    flavors: tuple[str, ...]
+    submitted_at: datetime
+
+
+@dataclass(frozen=True)
 class EventView:
     id: int
     job_id: int
@@ -234,6 +293,53 @@ def _quota_charge(job: JobView) -> dict[str, Any] | None:
         return None
     devices = {resource: amount for resource, amount in job.demand.items() if resource != NAU}
     return {"devices": devices, "nau": round(job.demand.get(NAU, 0) / MILLI, 3), "borrowing": job.borrowing}
+
+
+def admission_preview_json(preview: AdmissionPreview) -> dict[str, Any]:
+    return {
+        "never": preview.never,
+        "starts_now": preview.starts_now,
+        "reason": preview.reason,
+        "devices": preview.devices,
+        "nau": round(preview.nau, 3),
+        "borrowing": preview.borrowing,
+        "preempts": list(preview.preempts),
+    }
+
+
+def node_json(node: NodeView) -> dict[str, Any]:
+    return {
+        "name": node.name,
+        "flavor": node.flavor,
+        "rack": node.rack,
+        "coords": list(node.coords),
+        "devices": [
+            {
+                "device_id": d.device_id,
+                "index": d.index,
+                "flavor": d.flavor,
+                "health": d.health,
+                "failure_score": d.failure_score,
+                "job": None if d.job_id is None else {"id": d.job_id, "tenant_id": d.tenant_id, "rank": d.rank,
+                                                      "state": d.job_state},
+            }
+            for d in node.devices
+        ],
+    }
+
+
+def waiting_job_json(job: WaitingJobView) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "tenant_id": job.tenant_id,
+        "name": job.name,
+        "priority": job.priority,
+        "position": job.position,
+        "reason": job.reason,
+        "devices": job.devices,
+        "flavors": list(job.flavors),
+        "submitted_at": _time(job.submitted_at),
+    }
 
 
 def job_json(job: JobView) -> dict[str, Any]:

@@ -259,7 +259,7 @@ def _store_readings(job: TrainingJob, events: Sequence[TelemetryEvent]) -> None:
 
 
 def _metric_points(events: Sequence[TelemetryEvent]) -> list[metrics.ReportedPoint]:
-    """Rank 0's loss and named scalars, in the order they were reported (a later report of the same
+    """Rank 0's loss, the gang's samples/s and named scalars, in the order they were reported (a later report of the same
     step wins). Rank 0 speaks for the job: the other ranks report the same global loss."""
     points: list[metrics.ReportedPoint] = []
     for event in events:
@@ -267,6 +267,8 @@ def _metric_points(events: Sequence[TelemetryEvent]) -> list[metrics.ReportedPoi
             continue
         if event.kind == "step" and event.loss is not None:
             points.append(metrics.ReportedPoint(metrics.LOSS, event.step, event.loss))
+        if event.kind == "step" and event.global_samples_per_s is not None:
+            points.append(metrics.ReportedPoint(metrics.THROUGHPUT, event.step, event.global_samples_per_s))
         points.extend(metrics.ReportedPoint(name, event.step, value) for name, value in event.metrics or ())
     return points
 

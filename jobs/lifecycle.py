@@ -53,6 +53,13 @@ def check_workload(*, tenant_id: int, spec: JobSpec) -> None:
         )
 
 
+def preview_submit(*, tenant_id: int, spec: JobSpec) -> AdmissionPreview:
+    """What submitting the spec now would do (the checks submit makes, then admission's verdict),
+    storing nothing."""
+    check_workload(tenant_id=tenant_id, spec=spec)
+    return capacity.preview(tenant_id=tenant_id, spec=spec)
+
+
 def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> TrainingJob:
     check_workload(tenant_id=tenant_id, spec=spec)
     if not spec.wait_for_capacity and (why := capacity.never_fits(tenant_id=tenant_id, spec=spec)) is not None:

@@ -35,6 +35,8 @@ MAX_POINTS = 5000
 # Names asked for at once: more than a job's ranks may report in one event (jobs.telemetry.MAX_METRICS).
 MAX_NAMES = 64
 LOSS = "loss"
+# The gang's samples/s as rank 0 measures it each step (the job page's throughput chart).
+THROUGHPUT = "samples_per_s"
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,19 @@ from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery, 
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from jobs.contracts import DeviceView, EventView, FlavorPoolView, JobView, QueuedJobView, QuotaUsageView
+from jobs.contracts import (
+    DeviceCellView,
+    DeviceView,
+    EventView,
+    FlavorPoolView,
+    JobView,
+    NodeView,
+    QueuedJobView,
+    QuotaUsageView,
+    WaitingJobView,
+)
 from jobs.errors import JobNotFound
-from jobs.models import Allocation, DeviceHealth, Flavor, JobAttempt, JobEvent, JobState, TrainingJob
+from jobs.models import Allocation, Device, DeviceHealth, Flavor, JobAttempt, JobEvent, JobState, Node, TrainingJob
 from jobs.snapshot import holding_jobs, tenant_quotas
 from jobs.throughput import throughput_matrix
 from runtime.recovery.advisor import advise, job_mtbf_s
@@ -334,6 +344,70 @@ def queue(*, tenant_id: int, limit: int = 500) -> list[QueuedJobView]:
             submitted_at=job.created_at,
         )
         for place, job in enumerate(jobs, start=1)
+    ]
+
+
+def cluster_map() -> list[NodeView]:
+    """Every node with its devices in index order, each with its health and the job holding it (for
+    operators): three queries however large the pool."""
+    holders = {
+        device_id: (job_id, tenant_id, rank, state)
+        for device_id, job_id, tenant_id, rank, state in Allocation.objects.filter(ended_at__isnull=True).values_list(
+            "device_id", "job_id", "job__tenant_id", "rank", "job__state"
+        )
+    }
+    by_node: dict[int, list[DeviceCellView]] = {}
+    devices = Device.objects.select_related("flavor").order_by("node_id", "index")
+    for device in devices:
+        job_id, tenant_id, rank, state = holders.get(device.pk, (None, None, None, None))
+        by_node.setdefault(device.node_id, []).append(
+            DeviceCellView(
+                device_id=device.device_id,
+                index=device.index,
+                flavor=device.flavor.name,
+                health=device.health,
+                failure_score=device.failure_score,
+                job_id=job_id,
+                tenant_id=tenant_id,
+                rank=rank,
+                job_state=state,
+            )
+        )
+    return [
+        NodeView(
+            name=node.name,
+            flavor=node.flavor.name,
+            rack=node.rack,
+            coords=tuple(node.coords or ()),
+            devices=tuple(by_node.get(node.pk, ())),
+        )
+        for node in Node.objects.select_related("flavor").order_by("flavor__name", "name")
+    ]
+
+
+def waiting_jobs(*, limit: int = 1000) -> list[WaitingJobView]:
+    """Every tenant's waiting jobs (operators), each with its place in its own tenant's queue, in the
+    order: tenant, then as admission considers them."""
+    order = [F("priority").desc(), F("created_at").asc(), F("pk").asc()]  # QUEUE_ORDER
+    ranked = (
+        TrainingJob.objects.filter(state=JobState.QUEUED)
+        .annotate(place=Window(RowNumber(), partition_by=[F("tenant_id")], order_by=order))
+        .order_by("tenant_id", "place")
+        .only("pk", "tenant_id", "name", "priority", "pending_reason", "spec", "created_at")[:limit]
+    )
+    return [
+        WaitingJobView(
+            id=job.pk,
+            tenant_id=job.tenant_id,
+            name=job.name,
+            priority=job.priority,
+            position=job.place,  # type: ignore[attr-defined]
+            reason=job.pending_reason or "waiting for the next admission cycle",
+            devices=job.job_spec.devices,
+            flavors=job.job_spec.flavors,
+            submitted_at=job.created_at,
+        )
+        for job in ranked
     ]
 
 

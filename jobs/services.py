@@ -41,6 +41,7 @@ from jobs.health import score_devices as score_devices
 from jobs.ingest import check_ingest_token as check_ingest_token
 from jobs.ingest import ingest_telemetry as ingest_telemetry
 from jobs.lifecycle import observe_job as observe_job
+from jobs.lifecycle import preview_submit as preview_submit
 from jobs.lifecycle import provision_job as provision_job
 from jobs.lifecycle import running_job_ids as running_job_ids
 from jobs.lifecycle import stale_admitted_job_ids as stale_admitted_job_ids
@@ -63,6 +64,7 @@ from jobs.pool import pool_fabric as pool_fabric
 from jobs.pool import set_device_health as set_device_health
 from jobs.pool import sync_pool as sync_pool
 from jobs.queries import JobFilter as JobFilter
+from jobs.queries import cluster_map as cluster_map
 from jobs.queries import get_job as get_job
 from jobs.queries import latest_event_id as latest_event_id
 from jobs.queries import list_events as list_events
@@ -72,6 +74,7 @@ from jobs.queries import queue as queue
 from jobs.queries import queue_positions as queue_positions
 from jobs.queries import quota_usage as quota_usage
 from jobs.queries import recent_events as recent_events
+from jobs.queries import waiting_jobs as waiting_jobs
 from jobs.recovery import grow_back as grow_back
 from jobs.recovery import recovering_job_ids as recovering_job_ids
 from jobs.recovery import request_move as request_move
@@ -106,6 +109,7 @@ __all__ = [
     "bundle_path",
     "cancel_job",
     "check_ingest_token",
+    "cluster_map",
     "checkpoint_download",
     "cycle_listeners",
     "drain_device",
@@ -130,6 +134,7 @@ __all__ = [
     "open_usage",
     "pool_fabric",
     "pool_summary",
+    "preview_submit",
     "provision_job",
     "queue",
     "queue_positions",
@@ -154,6 +159,7 @@ __all__ = [
     "teardown_job",
     "throughput_matrix",
     "untorn_job_ids",
+    "waiting_jobs",
 ]
 
 # Every state a job may be in, in its life's order (the jobs list's ?state= filter takes them).

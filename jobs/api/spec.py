@@ -1,20 +1,27 @@
-"""``GET /api/v1/job-spec/schema``: the job spec as JSON Schema, from the tables the parser checks
-against (``runtime.jobspec.job_spec_schema``), for editors, the CLI and the portal's spec editor.
-
-Public: it describes the product, not a tenant's data, and a client may check a spec before it has a
-token."""
+"""The job spec outside a submit: ``GET /api/v1/job-spec/schema`` (the spec as JSON Schema, from the
+tables the parser checks against, ``runtime.jobspec.job_spec_schema``, for editors, the CLI and the
+portal's spec editor; public: it describes the product, not a tenant's data) and ``POST
+/api/v1/jobs/preview`` (a spec checked as submit checks it, with what admission would do now)."""
 
 from __future__ import annotations
 
 from functools import cache
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from runtime.jobspec import job_spec_schema
+from billing import services as billing
+from controlplane.parsers import StrictJSONParser, YamlParser
+from jobs import services
+from jobs.api.schema import JOB_SPEC
+from jobs.contracts import admission_preview_json
+from runtime.jobspec import job_spec_schema, parse_job_spec
+from tenants.permissions import READ, RequireScope, request_tenant_id
 
 
 @cache
@@ -28,3 +35,42 @@ class JobSpecSchemaView(APIView):
 
     def get(self, request: Request) -> Response:
         return Response(_schema(), headers={"Cache-Control": "public, max-age=300"})
+
+
+class JobPreviewView(APIView):
+    """Check a spec and ask admission about it, storing nothing: the portal's submit form calls it as
+    the spec is typed. Reading, not changing: a read scope is enough."""
+
+    permission_classes = [RequireScope]
+    method_scopes = {"POST": READ}
+    parser_classes = [StrictJSONParser, YamlParser]
+
+    @extend_schema(
+        summary="Check a job spec and preview its admission, without submitting it",
+        description="The body is a job spec, as JSON or YAML (Content-Type: application/yaml). A spec with "
+        "problems is answered 400 with every problem in error.errors, as submit answers it. A valid one "
+        "gets its normalized form, whether the next admission cycle would start it (on which flavors, "
+        "charging how many NAU) or why it would wait, and what an hour of it costs at the tenant's prices.",
+        request={"application/json": JOB_SPEC, "application/yaml": JOB_SPEC},
+        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description="The spec and its admission now.")},
+    )
+    def post(self, request: Request) -> Response:
+        tenant_id = request_tenant_id(request)
+        spec = parse_job_spec(request.data, known_flavors=services.known_flavors())
+        preview = services.preview_submit(tenant_id=tenant_id, spec=spec)
+        cost, pricing_error = None, None
+        if preview.devices:
+            devices = {f: (n, preview.nau_milli_per_device[f]) for f, n in preview.devices.items()}
+            try:
+                cost = str(billing.hourly_cost(tenant_id=tenant_id, devices=devices))
+            except billing.RatingError as exc:
+                pricing_error = str(exc)
+        return Response(
+            {
+                "spec": spec.to_dict(),
+                "admission": admission_preview_json(preview),
+                "cost_per_hour": cost,
+                "currency": billing.price_book_for(tenant_id).currency,
+                "pricing_error": pricing_error,
+            }
+        )

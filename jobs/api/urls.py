@@ -1,9 +1,10 @@
 from django.urls import path
 
-from jobs.api import actions, artifacts, bundles, logs, spec, views
+from jobs.api import actions, artifacts, bundles, logs, operator, spec, views
 
 urlpatterns = [
     path("jobs", views.JobListView.as_view(), name="api-jobs"),
+    path("jobs/preview", spec.JobPreviewView.as_view(), name="api-job-preview"),
     path("job-spec/schema", spec.JobSpecSchemaView.as_view(), name="api-job-spec-schema"),
     path("jobs/<int:job_id>", views.JobDetailView.as_view(), name="api-job"),
     path("jobs/<int:job_id>/cancel", views.JobCancelView.as_view(), name="api-job-cancel"),
@@ -27,5 +28,9 @@ urlpatterns = [
     path("quotas", views.QuotaView.as_view(), name="api-quotas"),
     path("queue", views.QueueView.as_view(), name="api-queue"),
     path("throughput", views.ThroughputView.as_view(), name="api-throughput"),
+    path("operator/cluster", operator.ClusterView.as_view(), name="api-operator-cluster"),
+    path("operator/nodes/<str:node>/drain", operator.NodeDrainView.as_view(), name="api-operator-node-drain"),
+    path("operator/devices/<str:device_id>/health", operator.DeviceHealthView.as_view(), name="api-operator-device-health"),
+    path("operator/queue", operator.OperatorQueueView.as_view(), name="api-operator-queue"),
     path("ingest/jobs/<int:job_id>/telemetry", views.TelemetryIngestView.as_view(), name="api-ingest-telemetry"),
 ]

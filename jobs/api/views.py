@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 from billing import services as billing
 from controlplane import paging
 from controlplane.domain import Invalid
-from controlplane.parsers import StrictJSONParser
+from controlplane.parsers import StrictJSONParser, YamlParser
 from controlplane.throttles import PerJobIngestThrottle
 from jobs import services
 from jobs.api.schema import JOB, JOB_FILTER_PARAMETERS, JOB_LIST, JOB_SPEC, MAX_NAME_FILTER, job_states, query
@@ -52,6 +52,7 @@ def _job_filter(params: Mapping[str, str], *, known_flavors: Collection[str]) ->
 
 class JobListView(APIView):
     permission_classes = [RequireScope]
+    parser_classes = [StrictJSONParser, YamlParser]
 
     @extend_schema(
         summary="The tenant's jobs, newest first, a page at a time",
@@ -69,7 +70,7 @@ class JobListView(APIView):
         summary="Submit a job",
         description="The body is a job spec (its JSON Schema: GET /api/v1/job-spec/schema). Every problem of "
         "a spec is answered at once in error.errors.",
-        request={"application/json": JOB_SPEC},
+        request={"application/json": JOB_SPEC, "application/yaml": JOB_SPEC},
         responses={201: OpenApiResponse(JOB, description="The job, queued.")},
     )
     def post(self, request: Request) -> Response:

@@ -12,6 +12,8 @@ import redis
 from tests.stack import ROOT, api_for, stack, stack_var  # noqa: F401  (fixtures shared with the integration tier)
 
 CHROMIUM = Path("/usr/bin/chromium")
+# axe-core from npm (package.json; `make install` runs npm ci): the accessibility checks of every page.
+AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -33,6 +35,8 @@ def _require_services() -> None:
         pytest.fail("the e2e tier runs Celery on Redis: set CELERY_BROKER_URL (make test does)")
     if not CHROMIUM.is_file():
         pytest.fail(f"the e2e tier drives Debian's Chromium at {CHROMIUM}: apt-get install chromium")
+    if not AXE.is_file():
+        pytest.fail(f"the e2e tier checks accessibility with axe-core from npm at {AXE}: run `make install` (npm ci)")
     try:
         import playwright  # noqa: F401
     except ImportError:
@@ -81,3 +85,17 @@ def screenshots() -> Path:
     folder = ROOT / "var" / "screenshots"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def axe_violations(page: Any, impacts: tuple[str, ...] = ("serious", "critical")) -> list[str]:
+    """axe-core's violations of ``impacts`` on the page as it stands, one line each (rule, impact, where).
+
+    Run through Playwright's evaluate, which the page's Content-Security-Policy does not govern, so the
+    page is checked exactly as served."""
+    page.evaluate(AXE.read_text())
+    found = page.evaluate("async () => (await axe.run(document, {resultTypes: ['violations']})).violations")
+    return [
+        f"{v['id']} ({v['impact']}): {v['help']} at {', '.join(str(n['target']) for n in v['nodes'][:3])}"
+        for v in found
+        if v["impact"] in impacts
+    ]

@@ -10,12 +10,7 @@
   function text(value) { return value === null || value === undefined ? "–" : String(value); }
   function fmtLoss(value) { return typeof value === "number" ? value.toFixed(3) : "–"; }
 
-  function deviceChips(devices) {
-    const counts = new Map();
-    for (const d of devices) counts.set(d.flavor, (counts.get(d.flavor) || 0) + 1);
-    if (!counts.size) return "–";
-    return [...counts].map(([flavor, n]) => `<span class="chip">${n}× ${flavor}</span>`).join("");
-  }
+  const deviceChips = window.Polychip.deviceChips;
 
   // "rank 2 (ascend-910b): 38 samples/step, 210 samples/s" per rank, then the split's balance.
   function rankLines(job) {
@@ -188,8 +183,13 @@
     if (details.matches && details.matches("details.events") && details.open) loadHistory(Number(details.dataset.job));
   }, true);
 
-  function render(job) {
+  // The first unfiltered page takes new jobs as they come; a filtered or older page only updates its rows.
+  const takesNew = document.getElementById("jobs").dataset.liveNew === "yes";
+
+  function render(job, {initial = false} = {}) {
     let row = tbody.querySelector(`tr[data-job="${job.id}"]`);
+    if (!row && !initial && (!takesNew || job.id <= newestShown)) return;
+    if (!row) newestShown = Math.max(newestShown, job.id);
     if (!row) {
       tbody.querySelector("tr.empty")?.remove();
       row = document.createElement("tr");
@@ -210,11 +210,11 @@
     const open = new Set([...row.querySelectorAll("details[open]")].map((d) => d.dataset.testid));
     row.innerHTML = `
       <td class="num">${job.id}</td>
-      <td>${escapeHtml(job.name)}${eventList(job)}</td>
+      <td><a href="/jobs/${job.id}">${escapeHtml(job.name)}</a>${eventList(job)}</td>
       <td><span class="state ${job.state}" data-testid="state">${job.state}</span>
           ${reason ? `<div class="reason">${escapeHtml(reason)}</div>` : ""}</td>
       <td><div class="chips">${deviceChips(job.devices)}${charge}</div>${rankLines(job)}${commLine(job)}${recoveryLine(job)}${adviceLine(job)}</td>
-      <td><span class="bar-outer"><span class="bar-inner" style="width:${pct}%"></span></span>
+      <td><span class="bar-outer" role="progressbar" aria-label="progress of job ${job.id}" aria-valuemin="0" aria-valuemax="100" aria-valuenow="${pct}"><span class="bar-inner" style="width:${pct}%"></span></span>
           <span class="num">${job.progress.steps_done}/${job.progress.total_steps}</span></td>
       <td class="num">${job.loss.first === null ? "–" : `${fmtLoss(job.loss.first)} → ${fmtLoss(job.loss.last)}`}</td>
       <td class="num">${text(job.progress.samples_per_s)}</td>`;
@@ -228,7 +228,10 @@
   }
 
   const initial = JSON.parse(document.getElementById("initial-jobs").textContent);
-  for (const job of initial.slice().reverse()) render(job);
+  // A job newer than the page's newest is new since the page was drawn; an older one missing from the
+  // page belongs to another page (the socket's snapshot holds the newest hundred).
+  let newestShown = initial.reduce((most, job) => Math.max(most, job.id), 0);
+  for (const job of initial.slice().reverse()) render(job, {initial: true});
 
   let delay = 500;
   function connect() {
