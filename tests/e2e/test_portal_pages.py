@@ -230,6 +230,7 @@ def test_an_operator_drains_a_node_and_watches_the_job_move_and_resume(
     # Return the node to service from the map.
     page.locator(f'.node[data-node="{first_node}"] .cell details summary').first.click()
     page.locator(f'.node[data-node="{first_node}"] .cell').first.get_by_role("button", name=re.compile("Return to service")).click()
+    expect(page.locator("#announce")).to_contain_text("is now healthy", timeout=WAIT_MS)
     expect(drained.first).to_have_attribute("data-health", "healthy", timeout=WAIT_MS)
 
     page.get_by_role("link", name="Queue").click()

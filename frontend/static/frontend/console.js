@@ -43,8 +43,17 @@
     for (const device of open) document.querySelector(`.cell[data-device="${CSS.escape(device)}"] details`)?.setAttribute("open", "");
   }
 
-  async function refreshCluster() {
-    try { drawCluster(await P.api("/api/v1/operator/cluster")); fresh(); } catch (error) { failed(error); }
+  // Redrawn only when something changed, and not while an operator has a device's actions open: a
+  // button must not be replaced under the pointer that is about to press it.
+  let drawn = "";
+  async function refreshCluster({force = false} = {}) {
+    try {
+      const body = await P.api("/api/v1/operator/cluster");
+      const seen = JSON.stringify(body);
+      const busy = document.querySelector(".cell details[open]");
+      if (force || (seen !== drawn && !busy)) { drawCluster(body); drawn = seen; }
+      fresh();
+    } catch (error) { failed(error); }
   }
 
   // --- the queue and the cohorts ------------------------------------------------------------------
@@ -77,11 +86,12 @@
         if (!window.confirm(`Drain ${target.dataset.drain}? Its devices are cordoned; jobs on it checkpoint and move.`)) return;
         const answer = await P.api(`/api/v1/operator/nodes/${encodeURIComponent(target.dataset.drain)}/drain`, {method: "POST"});
         P.announce(`${answer.node} drained; ${answer.moved.length} job(s) moving${answer.moved.length ? `: ${answer.moved.map((id) => `#${id}`).join(", ")}` : ""}`);
-        await refreshCluster();
+        await refreshCluster({force: true});
       } else if (target.dataset.device && target.dataset.health) {
-        const answer = await P.api(`/api/v1/operator/devices/${encodeURIComponent(target.dataset.device)}/health`, {method: "POST", body: {health: target.dataset.health}});
+        const answer = await P.api(`/api/v1/operator/devices/${target.dataset.device.split("/").map(encodeURIComponent).join("/")}/health`, {method: "POST", body: {health: target.dataset.health}});
         P.announce(`${answer.device_id} is now ${answer.health}`);
-        await refreshCluster();
+        target.closest("details")?.removeAttribute("open");
+        await refreshCluster({force: true});
       }
     } catch (error) {
       failed(error);
