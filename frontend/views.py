@@ -99,7 +99,13 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     return render(
         request,
         "frontend/job.html",
-        {"tenant": tenant, "job": job_json(job), "job_id": job.id, "name": job.name, "role": member.role if member else ""},
+        {
+            "tenant": tenant,
+            "job": job_json(job),
+            "job_id": job.id,
+            "name": job.name,
+            "role": member.role if member else "",
+        },
     )
 
 

@@ -320,8 +320,9 @@ def node_json(node: NodeView) -> dict[str, Any]:
                 "flavor": d.flavor,
                 "health": d.health,
                 "failure_score": d.failure_score,
-                "job": None if d.job_id is None else {"id": d.job_id, "tenant_id": d.tenant_id, "rank": d.rank,
-                                                      "state": d.job_state},
+                "job": None
+                if d.job_id is None
+                else {"id": d.job_id, "tenant_id": d.tenant_id, "rank": d.rank, "state": d.job_state},
             }
             for d in node.devices
         ],

@@ -259,8 +259,8 @@ def _store_readings(job: TrainingJob, events: Sequence[TelemetryEvent]) -> None:
 
 
 def _metric_points(events: Sequence[TelemetryEvent]) -> list[metrics.ReportedPoint]:
-    """Rank 0's loss, the gang's samples/s and named scalars, in the order they were reported (a later report of the same
-    step wins). Rank 0 speaks for the job: the other ranks report the same global loss."""
+    """Rank 0's loss, the gang's samples/s and named scalars, in the order they were reported (a later
+    report of the same step wins). Rank 0 speaks for the job: the other ranks report the same global loss."""
     points: list[metrics.ReportedPoint] = []
     for event in events:
         if event.rank != 0 or event.step is None or event.kind not in ("step", "metrics"):

@@ -21,6 +21,7 @@ from django.utils import timezone
 from controlplane.domain import Invalid
 from jobs import bundles, capacity, dispatch, locks, recovery, throughput, transitions
 from jobs.backends import get_backend
+from jobs.contracts import AdmissionPreview
 from jobs.errors import InvalidTransition, JobNotFound, QueueFull
 from jobs.finishing import finish_job
 from jobs.models import TERMINAL_STATES, Flavor, JobAttempt, JobEvent, JobState, TrainingJob

@@ -30,7 +30,11 @@ urlpatterns = [
     path("throughput", views.ThroughputView.as_view(), name="api-throughput"),
     path("operator/cluster", operator.ClusterView.as_view(), name="api-operator-cluster"),
     path("operator/nodes/<str:node>/drain", operator.NodeDrainView.as_view(), name="api-operator-node-drain"),
-    path("operator/devices/<path:device_id>/health", operator.DeviceHealthView.as_view(), name="api-operator-device-health"),
+    path(
+        "operator/devices/<path:device_id>/health",
+        operator.DeviceHealthView.as_view(),
+        name="api-operator-device-health",
+    ),
     path("operator/queue", operator.OperatorQueueView.as_view(), name="api-operator-queue"),
     path("ingest/jobs/<int:job_id>/telemetry", views.TelemetryIngestView.as_view(), name="api-ingest-telemetry"),
 ]

@@ -66,7 +66,7 @@ def test_own_code_from_the_browser_to_a_finished_job_and_only_its_tenant_sees_it
     expect(page.locator("#editor")).to_have_value(re.compile('entrypoint: "train.py"'))
     page.fill("#editor", page.input_value("#editor") + "checkpoint: {weights_every: 10, optimizer_every: 10}\n")
     # The server's own check, before submit: it would start now, on which flavor, at what price.
-    expect(page.get_by_test_id("preview")).to_contain_text("Would start now on 1× h100-sxm", timeout=WAIT_MS)
+    expect(page.get_by_test_id("preview")).to_contain_text("Would start now on 1\u00d7 h100-sxm", timeout=WAIT_MS)
     expect(page.get_by_test_id("preview")).to_contain_text("an hour at your prices")
     accessible(page, "submit")
     shoot(page, screenshots, "submit")
@@ -229,7 +229,9 @@ def test_an_operator_drains_a_node_and_watches_the_job_move_and_resume(
     assert job["restarts"] == 0 and job["attempt"] == 1, job  # a move, not a failure
     # Return the node to service from the map.
     page.locator(f'.node[data-node="{first_node}"] .cell details summary').first.click()
-    page.locator(f'.node[data-node="{first_node}"] .cell').first.get_by_role("button", name=re.compile("Return to service")).click()
+    page.locator(f'.node[data-node="{first_node}"] .cell').first.get_by_role(
+        "button", name=re.compile("Return to service")
+    ).click()
     expect(page.locator("#announce")).to_contain_text("is now healthy", timeout=WAIT_MS)
     expect(drained.first).to_have_attribute("data-health", "healthy", timeout=WAIT_MS)
 
