@@ -92,6 +92,7 @@ MATRIX: dict[str, Expect] = {
     "api/v1/jobs/<int:job_id>/checkpoints": Expect("object", {"GET": "read"}),
     "api/v1/jobs/<int:job_id>/checkpoints/<int:step>/download": Expect("object", {"GET": "read"}),
     "api/v1/jobs/<int:job_id>/model": Expect("object", {"GET": "read"}),
+    "api/v1/jobs/preview": Expect("collection", {"POST": "read"}),
     "api/v1/pool": Expect("global", {"GET": "read"}),
     "api/v1/quotas": Expect("collection", {"GET": "read"}),
     "api/v1/queue": Expect("collection", {"GET": "read"}, owner_sees=True),
@@ -106,6 +107,11 @@ MATRIX: dict[str, Expect] = {
     # billing: operators
     "api/v1/operator/invoices/run": _operator("POST"),
     "api/v1/operator/invoices/<int:invoice_id>/finalize": _operator("POST"),
+    # jobs: operators
+    "api/v1/operator/cluster": _operator("GET"),
+    "api/v1/operator/nodes/<str:node>/drain": _operator("POST"),
+    "api/v1/operator/devices/<path:device_id>/health": _operator("POST"),
+    "api/v1/operator/queue": _operator("GET"),
     # tenants: whom a token acts as, and a tenant's own tokens
     "api/v1/me": Expect("collection", {"GET": "read"}),
     "api/v1/tokens": Expect("collection", {"GET": "manage", "POST": "manage"}, owner_sees=True),
@@ -120,6 +126,11 @@ MATRIX: dict[str, Expect] = {
     # portal and console
     "": Expect("portal", {"GET": "page"}, owner_sees=True),
     "billing/": Expect("portal", {"GET": "page"}, owner_sees=True),
+    "jobs/<int:job_id>": Expect("portal_object", {"GET": "page"}, owner_sees=True),
+    "submit/": Expect("portal", {"GET": "page"}),
+    "tokens/": Expect("portal", {"GET": "page"}),
+    "console/": Expect("console", {"GET": "page"}),
+    "console/queue/": Expect("console", {"GET": "page"}),
     "billing/invoices/<int:invoice_id>": Expect("portal_object", {"GET": "page"}, owner_sees=True),
     ADMIN: Expect("admin", {"GET": "admin"}),
 }
@@ -331,6 +342,8 @@ def world(tenants, pool, settings, tmp_path) -> World:
             "invoice_id": invoice.id,
             "sha256": bundle.sha256,
             "step": step,
+            "node": "gpu-h100-0",
+            "device_id": "gpu-h100-0/0",
         },
         markers=(
             "acme-confidential-run-7f3a",
@@ -381,7 +394,7 @@ def test_every_route_has_an_entry():
 def test_no_credentials_no_entry(world, route, method):
     expect = entry(route)
     response = request(Client(), method, world.url(route))
-    if expect.kind in PORTAL:
+    if expect.kind in (*PORTAL, "console"):
         assert response.status_code == 302 and response["Location"].startswith("/login/?next=")
     elif expect.kind == "admin":
         assert response.status_code == 302 and response["Location"].startswith("/admin/login/?next=")
@@ -429,7 +442,7 @@ def test_the_first_tenant_sees_its_own(world, route, method):
         assert any(m in body for m in world.markers), f"acme's own {url} shows none of its markers"
 
 
-@pytest.mark.parametrize(("route", "method"), cases("operator", "admin"))
+@pytest.mark.parametrize(("route", "method"), cases("operator", "admin", "console"))
 def test_tenant_users_cannot_reach_operator_routes(world, route, method):
     expect = entry(route)
     url = world.url(route)
@@ -444,6 +457,9 @@ def test_tenant_users_cannot_reach_operator_routes(world, route, method):
             if expect.kind == "admin":
                 assert response.status_code == 302, response.content
                 assert response["Location"].startswith("/admin/login/?next=")
+            elif expect.kind == "console":  # the console's pages send a non-operator to sign in as one
+                assert response.status_code == 302, f"{tenant.slug}: {method} {url} -> {response.status_code}"
+                assert response["Location"].startswith("/login/?next=")
             else:
                 assert response.status_code == 403, f"{tenant.slug}: {method} {url} -> {response.status_code}"
                 assert response.json()["error"]["code"] == "permission_denied"
