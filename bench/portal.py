@@ -1,0 +1,197 @@
+"""The portal at scale and live (issue 20): page server times with 100,000 jobs, and a change in the
+database reaching the page in a real browser.
+
+    python bench/portal.py [--quick]
+
+- pages: the portal's and the console's pages rendered (each must answer 200).
+- jobs_list_p95_ms_100k: the jobs page's server time (Django's test client in this process, a signed-in
+  session, PostgreSQL) with 100,000 jobs of the tenant in the database (bench/api.py's seed: 90% ended,
+  10% waiting): the first page, a page deep in the history (by its cursor), and a filtered page, in turn;
+  200 requests (60 with --quick). Target: <= 300 ms.
+- job_page_p95_ms: one job's page, the same way.
+- ws_event_to_dom_ms_p50: a uvicorn server on the same database, the jobs page open in Debian's
+  Chromium; a waiting job is cancelled through the API and the time from the cancel's answer to its row
+  showing "cancelled" (a MutationObserver's clock, the same host's) is taken; 20 times (8 with --quick).
+  Target: <= 250 ms.
+The last line printed is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.admission import PG  # noqa: E402
+from bench.admission import setup_django as setup_scratch_django  # noqa: E402
+from bench.api import JOBS, seed  # noqa: E402
+from bench.skeleton import free_port  # noqa: E402
+
+BENCH_DB = "polychip_bench_portal"
+CHROMIUM = "/usr/bin/chromium"
+PASSWORD = "pw-123456789"  # bench/api.py's seeded user
+# In the page: the moment (its clock, this host's) the job's row first shows "cancelled".
+WATCH_ROW = """(id) => {
+  window.__seen = null;
+  const row = document.querySelector(`#jobs tr[data-job="${id}"]`);
+  new MutationObserver((_, observer) => {
+    if (row.dataset.state !== "cancelled" || window.__seen !== null) return;
+    window.__seen = Date.now();
+    observer.disconnect();
+  }).observe(row, {attributes: true, childList: true});
+}"""
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))], 1)
+
+
+def server_times(tenant_id: int, requests: int) -> dict[str, Any]:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from controlplane import paging
+    from jobs.models import TrainingJob
+
+    client = Client()
+    client.force_login(get_user_model().objects.get(username="acme-user"))
+    operator = Client()
+    operator.force_login(get_user_model().objects.create_user("bench-op", password=PASSWORD, is_staff=True))
+    deep = TrainingJob.objects.filter(tenant_id=tenant_id).order_by("pk").values_list("pk", flat=True)[JOBS // 10]
+    job_id = (
+        TrainingJob.objects.filter(tenant_id=tenant_id, state="queued").order_by("-pk").values_list("pk", flat=True)[0]
+    )
+    lists = ["/", f"/?cursor={paging.encode_cursor(deep)}", "/?state=failed&name=seeded-9"]
+    pages = {
+        "jobs": (client, "/"),
+        "job": (client, f"/jobs/{job_id}"),
+        "submit": (client, "/submit/"),
+        "billing": (client, "/billing/"),
+        "tokens": (client, "/tokens/"),
+        "console": (operator, "/console/"),
+        "console-queue": (operator, "/console/queue/"),
+    }
+    for name, (who, path) in pages.items():
+        status = who.get(path).status_code
+        assert status == 200, f"{name} ({path}) answered {status}"
+    timings: dict[str, list[float]] = {"list": [], "job": []}
+    for n in range(requests):
+        for kind, path in (("list", lists[n % len(lists)]), ("job", f"/jobs/{job_id}")):
+            started = time.perf_counter()
+            response = client.get(path)
+            timings[kind].append((time.perf_counter() - started) * 1000)
+            assert response.status_code == 200, (path, response.status_code)
+    return {"pages": len(pages), "list": timings["list"], "job": timings["job"]}
+
+
+def ws_latency(token: str, tenant_id: int, trials: int, scratch: str) -> list[float]:
+    import httpx
+    from playwright.sync_api import sync_playwright
+
+    from jobs.models import TrainingJob
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "CHANNEL_", "POLYCHIP_"))}
+    env.update(
+        DATABASE_URL=f"{PG}/{BENCH_DB}",
+        CELERY_BROKER_URL="memory://",
+        POLYCHIP_VAR_DIR=scratch,
+        POLYCHIP_PASSWORD_HASHERS="django.contrib.auth.hashers.MD5PasswordHasher",
+    )
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "controlplane.asgi:application",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).is_success:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        waiting = list(
+            TrainingJob.objects.filter(tenant_id=tenant_id, state="queued")
+            .order_by("-pk")
+            .values_list("pk", flat=True)[:trials]
+        )
+        out: list[float] = []
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"]
+            )
+            page = browser.new_page(base_url=url)
+            page.goto("/login/")
+            page.fill("input[name=username]", "acme-user")
+            page.fill("input[name=password]", PASSWORD)
+            page.click("button[type=submit]")
+            page.wait_for_selector("#live.on", timeout=30_000)
+            for job_id in waiting:
+                page.wait_for_selector(f'#jobs tr[data-job="{job_id}"]', timeout=30_000)
+                page.evaluate(WATCH_ROW, job_id)
+                answer = api.post(f"/api/v1/jobs/{job_id}/cancel")
+                answered_ms = time.time() * 1000
+                assert answer.status_code == 200, answer.text
+                page.wait_for_function("window.__seen !== null", timeout=30_000)
+                out.append(max(0.0, page.evaluate("window.__seen") - answered_ms))
+            browser.close()
+        return out
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer requests and trials, the same figures")
+    args = parser.parse_args()
+    requests, trials = (60, 8) if args.quick else (200, 20)
+    setup_scratch_django(BENCH_DB, "bench-portal")
+    started = time.monotonic()
+    tenant_id, token = seed(JOBS)
+    say(f"seeded {JOBS} jobs in {time.monotonic() - started:.0f} s")
+    times = server_times(tenant_id, requests)
+    figures: dict[str, Any] = {"quick": args.quick, "pages": times["pages"]}
+    figures["jobs_list_p95_ms_100k"] = p95(times["list"])
+    figures["job_page_p95_ms"] = p95(times["job"])
+    say(
+        f"jobs page p95 {figures['jobs_list_p95_ms_100k']} ms (p50 {statistics.median(times['list']):.1f}), "
+        f"job page p95 {figures['job_page_p95_ms']} ms, over {requests} requests each"
+    )
+    latencies = ws_latency(token, tenant_id, trials, tempfile.mkdtemp(prefix="polychip-bench-portal-"))
+    figures["ws_event_to_dom_ms_p50"] = round(statistics.median(latencies), 1)
+    say(
+        f"cancel answered to row changed: p50 {figures['ws_event_to_dom_ms_p50']} ms, max {max(latencies):.0f} ms "
+        f"over {len(latencies)} trials"
+    )
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
