@@ -48,6 +48,9 @@ class NodeAdmin(admin.ModelAdmin):
     search_fields = ("name",)
     actions = [drain]
 
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # nodes come from the pool file; drain one instead
+
 
 @admin.register(PoolTopology)
 class PoolTopologyAdmin(admin.ModelAdmin):
@@ -95,6 +98,12 @@ class DeviceAdmin(admin.ModelAdmin):
     readonly_fields = ("health",)
     actions = [cordon, uncordon, mark_degraded, mark_failed]
 
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # devices come from the pool file (manage.py load_pool); allocations and usage name them
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
 
 class AllocationInline(admin.TabularInline):
     model = Allocation
@@ -111,6 +120,19 @@ class JobEventInline(admin.TabularInline):
     can_delete = False
 
 
+@admin.action(permissions=["change"], description="Cancel the selected jobs")
+def cancel(admin_: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[TrainingJob]) -> None:
+    """Through the jobs service, as the API cancels: a job that has ended already is left as it is."""
+    done, skipped = [], []
+    for job in queryset.order_by("pk"):
+        try:
+            services.cancel_job(tenant_id=job.tenant_id, job_id=job.pk)
+            done.append(job.pk)
+        except services.InvalidTransition:
+            skipped.append(job.pk)
+    admin_.message_user(request, f"{len(done)} job(s) cancelled; {len(skipped)} had already ended", messages.SUCCESS)
+
+
 @admin.register(TrainingJob)
 class TrainingJobAdmin(admin.ModelAdmin):
     list_display = ("id", "name", "tenant", "state", "restarts", "steps_done", "total_steps", "last_loss", "created_at")
@@ -118,6 +140,7 @@ class TrainingJobAdmin(admin.ModelAdmin):
     search_fields = ("name",)
     readonly_fields = [f.name for f in TrainingJob._meta.fields]
     inlines = [AllocationInline, JobEventInline]
+    actions = [cancel]
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False  # a job's events and usage are the record of what happened

@@ -114,6 +114,18 @@ def test_the_queue_across_tenants_gives_each_waiting_job_its_place_in_its_own_te
     assert [q["resource"] for q in acme["quotas"]] == ["nau"]
 
 
+def test_the_admin_offers_no_deletion_of_devices_or_nodes_and_cancels_jobs_through_the_service(tenants, pool):
+    admin = Client()
+    admin.force_login(get_user_model().objects.create_superuser("root", password="root-password-1"))
+    for page in ("/admin/jobs/device/", "/admin/jobs/node/"):
+        body = admin.get(page).content.decode()
+        assert "delete_selected" not in body, page
+    job = services.submit_job(tenant_id=tenants[0].id, user_id=None, spec=_parsed(SMALL))
+    answer = admin.post("/admin/jobs/trainingjob/", {"action": "cancel", "_selected_action": [job.id]})
+    assert answer.status_code == 302
+    assert TrainingJob.objects.get(pk=job.id).state == "cancelled"
+
+
 def _parsed(spec: dict):
     from runtime.jobspec import parse_job_spec
 
