@@ -87,26 +87,16 @@ def jobs_page(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
-    tenant = tenants.tenant_for_user(request.user)
-    if tenant is None:
+    member = tenants.membership_for_user(request.user)
+    if member is None:
         raise Http404("no such job")
     try:
-        job = jobs.get_job(tenant_id=tenant.id, job_id=job_id)
+        job = jobs.get_job(tenant_id=member.tenant.id, job_id=job_id)
     except jobs.JobNotFound:
         # Another tenant's job answers exactly like a missing one.
         raise Http404("no such job") from None
-    member = tenants.membership_for_user(request.user)
-    return render(
-        request,
-        "frontend/job.html",
-        {
-            "tenant": tenant,
-            "job": job_json(job),
-            "job_id": job.id,
-            "name": job.name,
-            "role": member.role if member else "",
-        },
-    )
+    context = {"tenant": member.tenant, "job": job_json(job), "job_id": job.id, "name": job.name, "role": member.role}
+    return render(request, "frontend/job.html", context)
 
 
 @login_required
