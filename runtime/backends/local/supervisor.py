@@ -118,6 +118,10 @@ class Supervisor:
         self.ranks: list[_Rank] = []
         self.started_at = time.time()
         self.stop_reason: str | None = None
+        # A rank had already failed when the stop came: the control plane is tearing down a run that
+        # failed, so the failure, not the teardown it caused, is what the run reports.
+        self.rank_failed = False
+        self.stopped_after_failure = False
         self.job_id = ""
         self.grace_s = DEFAULT_GRACE_S
         # netns link emulation: the plan from launch.json, each rank's vendor group, the loopback
@@ -141,6 +145,7 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stop_reason is None:
             self.stop_reason = f"torn down (supervisor received {signal.Signals(signum).name})"
+            self.stopped_after_failure = self.rank_failed
 
     def write_status(self, phase: str, reason: str = "") -> None:
         atomic_write_json(
@@ -455,8 +460,10 @@ class Supervisor:
                 elif kill_at is None and self._heartbeat_lost(r, proc.pid):
                     r.cause, r.detected_at, changed, failed = "heartbeat", time.time(), True, True
                     signal_pid(proc.pid, signal.SIGKILL)
+            self.rank_failed = failed
             if self.stop_reason is None and (self.run_dir / STOP_FILE).exists():
                 self.stop_reason = "torn down"
+                self.stopped_after_failure = failed
             if self.stop_reason is None and (died := self._store_host_died()) is not None:
                 self.stop_reason = died
             if kill_at is None and (failed or self.stop_reason is not None):
@@ -475,7 +482,7 @@ class Supervisor:
         self.stop_store_host()
         self.teardown_link()
         self.finish_logs()
-        if self.stop_reason is not None:
+        if self.stop_reason is not None and not self.stopped_after_failure:
             cause = self._failure_reason()
             self.write_status("failed", f"{self.stop_reason}; {cause}" if cause else self.stop_reason)
             return "failed"
