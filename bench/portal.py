@@ -107,12 +107,7 @@ def ws_latency(token: str, tenant_id: int, trials: int, scratch: str) -> list[fl
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "CHANNEL_", "POLYCHIP_"))}
-    env.update(
-        DATABASE_URL=f"{PG}/{BENCH_DB}",
-        CELERY_BROKER_URL="memory://",
-        POLYCHIP_VAR_DIR=scratch,
-        POLYCHIP_PASSWORD_HASHERS="django.contrib.auth.hashers.MD5PasswordHasher",
-    )
+    env.update(DATABASE_URL=f"{PG}/{BENCH_DB}", CELERY_BROKER_URL="memory://", POLYCHIP_VAR_DIR=scratch)
     server = subprocess.Popen(
         [
             sys.executable,
