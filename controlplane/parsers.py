@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from functools import cache
 from typing import Any, Final
 
+import yaml
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
@@ -85,10 +85,8 @@ class YamlParser(StrictJSONParser):
     media_type = "application/yaml"
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        import yaml
-
         try:
-            value = yaml.load(stream.read().decode("utf-8"), Loader=_loader())  # noqa: S506  (a safe loader)
+            value = yaml.load(stream.read().decode("utf-8"), Loader=NoAliasSafeLoader)  # noqa: S506  (a safe loader)
         except RecursionError:
             raise BadJSON("body", f"nests too deeply (at most {MAX_DEPTH} levels)") from None
         except UnicodeDecodeError:
@@ -102,20 +100,13 @@ class YamlParser(StrictJSONParser):
         return value
 
 
-@cache
-def _loader() -> Any:
+class NoAliasSafeLoader(yaml.SafeLoader):
     """PyYAML's safe loader without aliases: a spec never needs one, and a few nested aliases name a
     structure exponentially larger than the text (the "billion laughs")."""
-    import yaml
-    from yaml.events import AliasEvent
 
-    class NoAliasSafeLoader(yaml.SafeLoader):
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.check_event(AliasEvent):
-                event = self.peek_event()
-                raise yaml.constructor.ConstructorError(
-                    None, None, "aliases (*name) are not accepted; write the value out", event.start_mark
-                )
-            return super().compose_node(parent, index)
-
-    return NoAliasSafeLoader
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.events.AliasEvent):
+            raise yaml.constructor.ConstructorError(
+                None, None, "aliases (*name) are not accepted; write the value out", self.peek_event().start_mark
+            )
+        return super().compose_node(parent, index)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from urllib.parse import urlencode
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
@@ -16,6 +17,7 @@ from controlplane.domain import Invalid
 from jobs import services as jobs
 from jobs.contracts import QuotaUsageView, job_json
 from tenants import services as tenants
+from tenants.permissions import MANAGE
 
 # Jobs on one page of the list: the API's own default page.
 JOBS_PER_PAGE = 50
@@ -32,18 +34,6 @@ def _quota_row(quota: QuotaUsageView) -> dict[str, object]:
     }
 
 
-def _filter_from(request: HttpRequest) -> tuple[jobs.JobFilter, dict[str, str], str]:
-    """The list's filters from the query string, checked as the API checks them; a bad one is shown,
-    and the list is then unfiltered rather than an error page."""
-    wanted = {key: request.GET.get(key, "").strip() for key in ("state", "flavor", "name")}
-    states = tuple(wanted["state"].split(",")) if wanted["state"] else ()
-    if wanted["state"] and any(state not in jobs.JOB_STATES for state in states):
-        return jobs.JobFilter(), wanted, f"state: one of {', '.join(jobs.JOB_STATES)}"
-    if wanted["flavor"] and wanted["flavor"] not in jobs.known_flavors():
-        return jobs.JobFilter(), wanted, f"flavor: {wanted['flavor']!r} is not a flavor of this pool"
-    return jobs.JobFilter(states=states, flavor=wanted["flavor"], name=wanted["name"][:200]), wanted, ""
-
-
 @login_required
 def jobs_page(request: HttpRequest) -> HttpResponse:
     """The tenant's jobs a page at a time (keyset paging on the id, so page 2,000 costs what page 1
@@ -51,7 +41,12 @@ def jobs_page(request: HttpRequest) -> HttpResponse:
     tenant = tenants.tenant_for_user(request.user)
     if tenant is None and request.user.is_staff:
         return redirect("console-cluster")  # an operator of no tenant has no jobs: the console is theirs
-    where, wanted, filter_error = _filter_from(request)
+    flavors = jobs.known_flavors()
+    wanted = {key: request.GET.get(key, "").strip() for key in ("state", "flavor", "name")}
+    try:
+        where, filter_error = jobs.job_filter(wanted, known_flavors=flavors), ""
+    except Invalid as exc:  # shown above an unfiltered list, rather than an error page
+        where, filter_error = jobs.JobFilter(), str(exc)
     try:
         page = paging.page_request(request.GET)
     except Invalid:
@@ -64,7 +59,7 @@ def jobs_page(request: HttpRequest) -> HttpResponse:
             views = views[:JOBS_PER_PAGE]
             next_cursor = paging.encode_cursor(views[-1].id)
         job_list = [job_json(j) for j in views]
-    query = "&".join(f"{k}={v}" for k, v in wanted.items() if v)
+    query = urlencode({k: v for k, v in wanted.items() if v})
     return render(
         request,
         "frontend/jobs.html",
@@ -74,7 +69,7 @@ def jobs_page(request: HttpRequest) -> HttpResponse:
             "pool": jobs.pool_summary(),
             "quotas": [_quota_row(q) for q in jobs.quota_usage(tenant_id=tenant.id)] if tenant else [],
             "states": jobs.JOB_STATES,
-            "flavors": sorted(jobs.known_flavors()),
+            "flavors": sorted(flavors),
             "wanted": wanted,
             "filter_error": filter_error,
             "next_cursor": next_cursor,
@@ -112,7 +107,7 @@ def submit_page(request: HttpRequest) -> HttpResponse:
 @login_required
 def tokens_page(request: HttpRequest) -> HttpResponse:
     member = tenants.membership_for_user(request.user)
-    may_manage = member is not None and "manage" in tenants.role_scopes(member.role)
+    may_manage = member is not None and MANAGE in tenants.role_scopes(member.role)
     return render(
         request,
         "frontend/tokens.html",

@@ -6,7 +6,9 @@ what ingest stored and from the job's typed spec.
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,6 +18,8 @@ from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery, 
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
+from controlplane import paging
+from controlplane.domain import Invalid
 from jobs.contracts import (
     DeviceCellView,
     DeviceView,
@@ -56,6 +60,8 @@ def _device_views(job: TrainingJob) -> tuple[DeviceView, ...]:
 
 
 QUEUE_ORDER = ("-priority", "created_at", "pk")  # as the scheduler orders a tenant's queue
+# The same order as expressions, for a window's ROW_NUMBER().
+_QUEUE_ORDER_BY = (F("priority").desc(), F("created_at").asc(), F("pk").asc())
 
 
 def queue_positions(tenant_id: int) -> dict[int, int]:
@@ -186,6 +192,40 @@ class JobFilter:
     created_before: datetime | None = None
 
 
+MAX_NAME_FILTER = 120
+_STATE = "|".join(JobState.values)
+# One state or several, comma-separated: exactly what the API takes, so that a schema-valid value is never
+# refused (schemathesis checks both ways).
+STATES_PATTERN = rf"^(({_STATE})(,({_STATE}))*)?$"
+
+
+def job_states(raw: str, field: str) -> tuple[str, ...]:
+    """The states a query names (``STATES_PATTERN``), or ``Invalid`` naming ``field``; empty: none."""
+    if re.fullmatch(STATES_PATTERN, raw) is None:
+        known = ", ".join(JobState.values)
+        raise Invalid(f"{field}: one or more of {known}, comma-separated, got {raw[:60]!r}", field=field)
+    return tuple(raw.split(",")) if raw else ()
+
+
+def job_filter(params: Mapping[str, str], *, known_flavors: Collection[str]) -> JobFilter:
+    """A list's filter from query parameters (state, name, flavor, created_after, created_before), as
+    the API and the portal take them; ``Invalid`` naming the first one that is not one."""
+    states = job_states(params.get("state", ""), "state")
+    flavor = params.get("flavor", "")
+    if flavor and flavor not in known_flavors:
+        raise Invalid(
+            f"flavor: {flavor!r} is not a flavor of this pool; one of {', '.join(sorted(known_flavors))}",
+            field="flavor",
+        )
+    name = params.get("name", "")
+    if len(name) > MAX_NAME_FILTER:
+        raise Invalid(f"name: at most {MAX_NAME_FILTER} characters, got {len(name)}", field="name")
+    created_after, created_before = paging.moment(params, "created_after"), paging.moment(params, "created_before")
+    return JobFilter(
+        states=states, name=name, flavor=flavor, created_after=created_after, created_before=created_before
+    )
+
+
 def _filtered(jobs: QuerySet[TrainingJob], where: JobFilter) -> QuerySet[TrainingJob]:
     if where.states:
         jobs = jobs.filter(state__in=where.states)
@@ -218,11 +258,10 @@ def _queue_places(tenant_id: int, job_ids: list[int]) -> dict[int, int]:
     """The places of some waiting jobs in their tenant's queue, in one query however long it is."""
     if not job_ids:
         return {}
-    order = [F("priority").desc(), F("created_at").asc(), F("pk").asc()]  # QUEUE_ORDER
     ranked = (
         TrainingJob.scoped.for_tenant(tenant_id)
         .filter(state=JobState.QUEUED)
-        .annotate(place=Window(RowNumber(), order_by=order))
+        .annotate(place=Window(RowNumber(), order_by=list(_QUEUE_ORDER_BY)))
         .filter(pk__in=job_ids)
     )
     return dict(ranked.values_list("pk", "place"))
@@ -388,10 +427,9 @@ def cluster_map() -> list[NodeView]:
 def waiting_jobs(*, limit: int = 1000) -> list[WaitingJobView]:
     """Every tenant's waiting jobs (operators), each with its place in its own tenant's queue, in the
     order: tenant, then as admission considers them."""
-    order = [F("priority").desc(), F("created_at").asc(), F("pk").asc()]  # QUEUE_ORDER
     ranked = (
         TrainingJob.objects.filter(state=JobState.QUEUED)
-        .annotate(place=Window(RowNumber(), partition_by=[F("tenant_id")], order_by=order))
+        .annotate(place=Window(RowNumber(), partition_by=[F("tenant_id")], order_by=list(_QUEUE_ORDER_BY)))
         .order_by("tenant_id", "place")
         .only("pk", "tenant_id", "name", "priority", "pending_reason", "spec", "created_at")[:limit]
     )

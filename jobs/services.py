@@ -63,9 +63,13 @@ from jobs.pool import known_flavors as known_flavors
 from jobs.pool import pool_fabric as pool_fabric
 from jobs.pool import set_device_health as set_device_health
 from jobs.pool import sync_pool as sync_pool
+from jobs.queries import MAX_NAME_FILTER as MAX_NAME_FILTER
+from jobs.queries import STATES_PATTERN as STATES_PATTERN
 from jobs.queries import JobFilter as JobFilter
 from jobs.queries import cluster_map as cluster_map
 from jobs.queries import get_job as get_job
+from jobs.queries import job_filter as job_filter
+from jobs.queries import job_states as job_states
 from jobs.queries import latest_event_id as latest_event_id
 from jobs.queries import list_events as list_events
 from jobs.queries import list_jobs as list_jobs
@@ -91,6 +95,8 @@ __all__ = [
     "DEFAULT_METRIC_POINTS",
     "JOB_STATES",
     "MAX_METRIC_POINTS",
+    "MAX_NAME_FILTER",
+    "STATES_PATTERN",
     "AttemptLogs",
     "BundleNotFound",
     "BundleRefused",
@@ -122,6 +128,8 @@ __all__ = [
     "ingest_telemetry",
     "ingest_token",
     "job_checkpoints",
+    "job_filter",
+    "job_states",
     "known_flavors",
     "latest_event_id",
     "list_bundles",

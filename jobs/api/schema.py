@@ -5,13 +5,11 @@ parser checks against), so the API's schema and the parser cannot drift apart.""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 
-from controlplane.domain import Invalid
 from jobs import services
 from runtime.jobspec import job_spec_schema
 
@@ -133,19 +131,10 @@ METRIC_PARAMETERS = [
 ]
 
 
-MAX_NAME_FILTER = 120
-_STATE = "|".join(services.JOB_STATES)
-# One state or several, comma-separated: exactly what the API takes, so that a schema-valid value is never
-# refused (schemathesis checks both ways).
-STATES_PATTERN = rf"^(({_STATE})(,({_STATE}))*)?$"
-
-
-def job_states(raw: str, field: str) -> tuple[str, ...]:
-    """The states a query names (``STATES_PATTERN``), or a 400 naming ``field``; empty: none."""
-    if re.fullmatch(STATES_PATTERN, raw) is None:
-        known = ", ".join(services.JOB_STATES)
-        raise Invalid(f"{field}: one or more of {known}, comma-separated, got {raw[:60]!r}", field=field)
-    return tuple(raw.split(",")) if raw else ()
+# The list's filters are parsed in one place for the API and the portal (jobs.queries.job_filter).
+MAX_NAME_FILTER = services.MAX_NAME_FILTER
+STATES_PATTERN = services.STATES_PATTERN
+job_states = services.job_states
 
 
 JOB_FILTER_PARAMETERS = [

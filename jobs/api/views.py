@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -15,11 +14,10 @@ from rest_framework.views import APIView
 
 from billing import services as billing
 from controlplane import paging
-from controlplane.domain import Invalid
 from controlplane.parsers import StrictJSONParser, YamlParser
 from controlplane.throttles import PerJobIngestThrottle
 from jobs import services
-from jobs.api.schema import JOB, JOB_FILTER_PARAMETERS, JOB_LIST, JOB_SPEC, MAX_NAME_FILTER, job_states, query
+from jobs.api.schema import JOB, JOB_FILTER_PARAMETERS, JOB_LIST, JOB_SPEC, query
 from jobs.contracts import (
     event_json,
     flavor_pool_json,
@@ -31,23 +29,6 @@ from jobs.contracts import (
 from jobs.telemetry import parse_events
 from runtime.jobspec import parse_job_spec
 from tenants.permissions import RequireScope, request_tenant_id
-
-
-def _job_filter(params: Mapping[str, str], *, known_flavors: Collection[str]) -> services.JobFilter:
-    states = job_states(params.get("state", ""), "state")
-    flavor = params.get("flavor", "")
-    if flavor and flavor not in known_flavors:
-        raise Invalid(
-            f"flavor: {flavor!r} is not a flavor of this pool; one of {', '.join(sorted(known_flavors))}",
-            field="flavor",
-        )
-    name = params.get("name", "")
-    if len(name) > MAX_NAME_FILTER:
-        raise Invalid(f"name: at most {MAX_NAME_FILTER} characters, got {len(name)}", field="name")
-    created_after, created_before = paging.moment(params, "created_after"), paging.moment(params, "created_before")
-    return services.JobFilter(
-        states=states, name=name, flavor=flavor, created_after=created_after, created_before=created_before
-    )
 
 
 class JobListView(APIView):
@@ -62,7 +43,7 @@ class JobListView(APIView):
     def get(self, request: Request) -> Response:
         tenant_id = request_tenant_id(request)
         page = paging.page_request(request.query_params)
-        where = _job_filter(request.query_params, known_flavors=services.known_flavors())
+        where = services.job_filter(request.query_params, known_flavors=services.known_flavors())
         jobs = services.list_jobs(tenant_id=tenant_id, after=page.after, limit=page.limit + 1, where=where)
         return paging.page_response(request, "jobs", jobs, page, row_id=lambda job: job.id, render=job_json)
 

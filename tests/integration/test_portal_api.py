@@ -126,6 +126,19 @@ def test_the_admin_offers_no_deletion_of_devices_or_nodes_and_cancels_jobs_throu
     assert TrainingJob.objects.get(pk=job.id).state == "cancelled"
 
 
+def test_the_jobs_page_filters_as_the_api_does_and_keeps_its_filters_in_the_next_pages_link(tenants, pool):
+    acme = tenants[0]
+    for n in range(51):
+        services.submit_job(tenant_id=acme.id, user_id=None, spec=_parsed({**SMALL, "name": f"r&d-{n}"}))
+    page = Client()
+    page.force_login(get_user_model().objects.get(username=acme.username))
+    body = page.get("/", {"name": "r&d", "state": "queued"}).content.decode()
+    assert body.count('<tr data-job="') == 50
+    assert "?state=queued&amp;name=r%26d&amp;cursor=" in body  # the next page keeps both filters, encoded
+    refused = page.get("/", {"state": "sleeping"}).content.decode()
+    assert "Filter ignored: state: one or more of queued" in refused
+
+
 def _parsed(spec: dict):
     from runtime.jobspec import parse_job_spec
 

@@ -7,10 +7,9 @@
   const events = new Map();  // job id -> its events, oldest first: pushed ones, and its history once asked for
   const history = new Map();  // job id -> "loading" or "loaded": its history, asked for when its events are opened
 
-  function text(value) { return value === null || value === undefined ? "–" : String(value); }
-  function fmtLoss(value) { return typeof value === "number" ? value.toFixed(3) : "–"; }
-
-  const deviceChips = window.Polychip.deviceChips;
+  // The portal's shared helpers (portal.js).
+  const {text, fmtBytes, escapeHtml, deviceChips} = window.Polychip;
+  const fmtLoss = (value) => window.Polychip.fmtNumber(value, 3);
 
   // "rank 2 (ascend-910b): 38 samples/step, 210 samples/s" per rank, then the split's balance.
   function rankLines(job) {
@@ -29,15 +28,6 @@
       lines.push(`<div class="balance" data-testid="balance">balance ${escapeHtml(b.mode)}${eff}${acc}${moves}${slow}</div>`);
     }
     return `<div class="ranks">${lines.join("")}</div>`;
-  }
-
-  // 1234567 -> "1.2 MB" (decimal units, as links are quoted).
-  function fmtBytes(n) {
-    if (typeof n !== "number") return "–";
-    const units = ["B", "KB", "MB", "GB"];
-    let i = 0;
-    while (n >= 1000 && i < units.length - 1) { n /= 1000; i += 1; }
-    return `${i ? n.toFixed(n < 10 ? 1 : 0) : Math.round(n)} ${units[i]}`;
   }
 
   // "comm topk (density 0.01) · rank 0 sends 1.2 MB/step across groups · collective 35 ms · 80% hidden",
@@ -223,30 +213,15 @@
     jobs.set(job.id, job);
   }
 
-  function escapeHtml(s) {
-    return String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
-  }
-
   const initial = JSON.parse(document.getElementById("initial-jobs").textContent);
   // A job newer than the page's newest is new since the page was drawn; an older one missing from the
   // page belongs to another page (the socket's snapshot holds the newest hundred).
   let newestShown = initial.reduce((most, job) => Math.max(most, job.id), 0);
   for (const job of initial.slice().reverse()) render(job, {initial: true});
 
-  let delay = 500;
-  function connect() {
-    const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/`);
-    socket.onopen = () => { live.textContent = "live"; live.className = "live on"; delay = 500; };
-    socket.onmessage = (message) => {
-      const data = JSON.parse(message.data);
-      if (data.type === "job_event") { if (data.event) addEvents(data.job.id, [data.event]); render(data.job); }
-      else if (data.type === "snapshot") for (const job of data.jobs.slice().reverse()) render(job);
-    };
-    socket.onclose = () => {
-      live.textContent = "reconnecting…"; live.className = "live off";
-      setTimeout(connect, delay); delay = Math.min(delay * 2, 10000);
-    };
-  }
-  connect();
+  window.Polychip.jobSocket({
+    status: live,
+    onEvent: (job, event) => { if (event) addEvents(job.id, [event]); render(job); },
+    onSnapshot: (snapshot) => { for (const job of snapshot.slice().reverse()) render(job); },
+  });
 })();
