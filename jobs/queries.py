@@ -39,24 +39,35 @@ from runtime.recovery.advisor import advise, job_mtbf_s
 from runtime.scheduling import QuotaLedger
 from runtime.scheduling.model import MILLI, NAU
 
-ALLOCATION_DEVICES = ("allocations__device__node", "allocations__device__flavor")
+_DEVICE_COLUMNS = (
+    "job_id",
+    "rank",
+    "device__device_id",
+    "device__flavor__name",
+    "device__node__name",
+    "started_at",
+    "ended_at",
+)
 
 
-def _device_views(job: TrainingJob) -> tuple[DeviceView, ...]:
-    # Sorted here, not in SQL, so that a list of jobs fetched with ALLOCATION_DEVICES prefetched
-    # costs no query per job.
-    allocations = sorted(job.allocations.all(), key=lambda a: (a.rank, a.started_at))
-    return tuple(
-        DeviceView(
-            rank=a.rank,
-            device_id=a.device.device_id,
-            flavor=a.device.flavor.name,
-            node=a.device.node.name,
-            started_at=a.started_at,
-            ended_at=a.ended_at,
-        )
-        for a in allocations
+def devices_of(job_ids: Collection[int]) -> dict[int, tuple[DeviceView, ...]]:
+    """The devices each job held or holds (every attempt's), by rank then start, in one flat query.
+
+    Flat rows rather than prefetched models: ``prefetch_related`` builds a filtered queryset per job,
+    which cost a page of 50 jobs more than its SQL did."""
+    rows = (
+        Allocation.objects.filter(job_id__in=job_ids)
+        .order_by("job_id", "rank", "started_at")
+        .values_list(*_DEVICE_COLUMNS)
     )
+    found: dict[int, list[DeviceView]] = {}
+    for job_id, rank, device_id, flavor, node, started_at, ended_at in rows:
+        found.setdefault(job_id, []).append(
+            DeviceView(
+                rank=rank, device_id=device_id, flavor=flavor, node=node, started_at=started_at, ended_at=ended_at
+            )
+        )
+    return {job_id: tuple(views) for job_id, views in found.items()}
 
 
 QUEUE_ORDER = ("-priority", "created_at", "pk")  # as the scheduler orders a tenant's queue
@@ -84,7 +95,8 @@ def queue_position(job: TrainingJob) -> int:
     return queued.filter(ahead).count() + 1
 
 
-def to_view(job: TrainingJob, *, position: int | None = None) -> JobView:
+def to_view(job: TrainingJob, *, position: int | None = None, devices: tuple[DeviceView, ...] | None = None) -> JobView:
+    """The job as it leaves the app; ``devices`` when the caller fetched them for a whole page."""
     return JobView(
         id=job.pk,
         tenant_id=job.tenant_id,
@@ -105,7 +117,7 @@ def to_view(job: TrainingJob, *, position: int | None = None) -> JobView:
         samples_per_s=job.samples_per_s,
         rank_stats=job.rank_stats,
         artifact_path=job.artifact_path,
-        devices=_device_views(job),
+        devices=devices_of([job.pk]).get(job.pk, ()) if devices is None else devices,
         priority=job.priority,
         queue_position=position if job.state == JobState.QUEUED else None,
         demand=dict(job.demand),
@@ -117,6 +129,13 @@ def to_view(job: TrainingJob, *, position: int | None = None) -> JobView:
         restarts=job.restarts,
         recovery=recovery_view(job),
     )
+
+
+def new_job_view(job: TrainingJob) -> JobView:
+    """A job just stored (submitted or cloned): it holds no device and nothing was asked of its first
+    attempt yet, so its view needs no query."""
+    job.__dict__["current_stop_requested"] = ""  # what with_current_attempt would have annotated
+    return to_view(job, devices=())
 
 
 def balance_view(job: TrainingJob) -> dict[str, Any]:
@@ -174,8 +193,7 @@ _PER_STEP_FIELDS = {
 
 
 def get_job(*, tenant_id: int, job_id: int) -> JobView:
-    found = TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).prefetch_related(*ALLOCATION_DEVICES)
-    job = with_current_attempt(found).first()
+    job = with_current_attempt(TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id)).first()
     if job is None:
         raise JobNotFound(job_id)
     return to_view(job, position=queue_position(job) if job.state == JobState.QUEUED else None)
@@ -249,9 +267,10 @@ def list_jobs(
     jobs = _filtered(TrainingJob.scoped.for_tenant(tenant_id), where or JobFilter())
     if after is not None:
         jobs = jobs.filter(pk__lt=after)
-    page = list(with_current_attempt(jobs.prefetch_related(*ALLOCATION_DEVICES).order_by("-pk"))[:limit])
+    page = list(with_current_attempt(jobs.order_by("-pk"))[:limit])
     positions = _queue_places(tenant_id, [job.pk for job in page if job.state == JobState.QUEUED])
-    return [to_view(job, position=positions.get(job.pk)) for job in page]
+    devices = devices_of([job.pk for job in page])
+    return [to_view(job, position=positions.get(job.pk), devices=devices.get(job.pk, ())) for job in page]
 
 
 def _queue_places(tenant_id: int, job_ids: list[int]) -> dict[int, int]:

@@ -176,12 +176,12 @@ JOB_STATES: tuple[str, ...] = tuple(JobState.values)
 
 def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> JobView:
     """Store a job (queued, its first attempt, the event) and ask for an admission cycle."""
-    return queries.to_view(lifecycle.submit_job(tenant_id=tenant_id, user_id=user_id, spec=spec))
+    return queries.new_job_view(lifecycle.submit_job(tenant_id=tenant_id, user_id=user_id, spec=spec))
 
 
 def retry_job(*, tenant_id: int, job_id: int, user_id: int | None) -> JobView:
     """Submit a job that has ended again, as a new job."""
-    return queries.to_view(lifecycle.retry_job(tenant_id=tenant_id, job_id=job_id, user_id=user_id))
+    return queries.new_job_view(lifecycle.retry_job(tenant_id=tenant_id, job_id=job_id, user_id=user_id))
 
 
 def set_priority(*, tenant_id: int, job_id: int, priority: int) -> JobView:
