@@ -4,8 +4,6 @@ import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from django.core.asgi import get_asgi_application
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 # A process that serves requests keeps its PostgreSQL connections in a pool (controlplane/settings.py);
 # what it starts later (a test's Celery worker) does not inherit the choice.
@@ -13,7 +11,12 @@ _pool_asked = "POLYCHIP_DB_POOL" not in os.environ
 if _pool_asked:
     os.environ["POLYCHIP_DB_POOL"] = "1"
 try:
-    django_asgi_app = get_asgi_application()
+    import django
+
+    django.setup(set_prefix=False)
+    from controlplane.asgi_handler import SyncChainASGIHandler
+
+    django_asgi_app = SyncChainASGIHandler()
 finally:
     if _pool_asked:
         del os.environ["POLYCHIP_DB_POOL"]
