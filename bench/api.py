@@ -5,7 +5,8 @@
 - schemathesis_failures: tests/integration/test_api_fuzz.py run as it runs in `make test` (every check,
   every phase, seed 1, against a live stack, once with each of two tenants' tokens), the failures and
   errors in its JUnit reports (var/reports/schemathesis-*.xml), summed. Target: 0.
-- submit_p50_ms, submit_p99_ms, list_p50_ms, list_p99_ms: one uvicorn server (as `polychip up` runs it)
+- submit_p50_ms, submit_p99_ms, list_p50_ms, list_p99_ms: a uvicorn server (as `polychip up` runs it;
+  --workers N processes, as POLYCHIP_WEB_WORKERS=N, sharing a Redis for throttles and pushes)
   on a scratch PostgreSQL database (polychip_bench_api) holding 100,000 jobs of one tenant (90% ended,
   10% waiting); 16 clients on loopback, each sending a submit (1 tpu-v4: the refusal check at submit
   runs) or a list (GET /api/v1/jobs, a page of 50) in turn as fast as answers come, for 30 s (10 s
@@ -49,6 +50,7 @@ JOBS = 100_000
 CLIENTS = 16
 SUBMIT = {"name": "bench-submit", "devices": 1, "flavors": ["tpu-v4"], "workload": {"steps": 10}}
 UNLIMITED = "100000000/min"
+REDIS = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -110,7 +112,7 @@ def seed(jobs: int) -> tuple[int, str]:
 # --- a server -----------------------------------------------------------------------------------------
 
 
-def serve(scratch: str) -> tuple[subprocess.Popen[bytes], str]:
+def serve(scratch: str, workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "CHANNEL_", "POLYCHIP_"))}
     env.update(
@@ -121,7 +123,10 @@ def serve(scratch: str) -> tuple[subprocess.Popen[bytes], str]:
         POLYCHIP_RATE_PER_ADDRESS=UNLIMITED,
         POLYCHIP_PASSWORD_HASHERS="django.contrib.auth.hashers.MD5PasswordHasher",
     )
+    if workers > 1:  # as `polychip up` requires for several server processes: a shared cache and channel layer
+        env.update(CHANNEL_REDIS_URL=REDIS, POLYCHIP_CACHE_URL=REDIS)
     command = [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--port", str(port)]
+    command += ["--workers", str(workers)]
     server = subprocess.Popen([*command, "--log-level", "warning"], env=env, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     import httpx
@@ -267,9 +272,15 @@ def _install_mb() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="10 s of load instead of 30, fewer CLI runs")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes (POLYCHIP_WEB_WORKERS; above 1 they share a Redis: BENCH_REDIS_URL)",
+    )
     args = parser.parse_args()
     seconds, runs = (10.0, 5) if args.quick else (30.0, 9)
-    figures: dict[str, Any] = {"quick": args.quick}
+    figures: dict[str, Any] = {"quick": args.quick, "server_workers": args.workers}
 
     cli = str(Path(sys.executable).parent / "polychip")
     figures["cli_help_s"] = round(timed([cli, "--help"], runs), 3)
@@ -282,7 +293,7 @@ def main() -> None:
     tenant_id, token = seed(JOBS)
     say(f"seeded {JOBS} jobs in {time.monotonic() - started:.0f} s")
     scratch = tempfile.mkdtemp(prefix="polychip-bench-api-")
-    server, url = serve(scratch)
+    server, url = serve(scratch, args.workers)
     try:
         load(url, token, 3.0)  # warm-up: connections, caches, the first plans
         alone = load(url, token, seconds / 2, clients=1)
