@@ -9,6 +9,8 @@ database reaching the page in a real browser.
   10% waiting): the first page, a page deep in the history (by its cursor), and a filtered page, in turn;
   200 requests (60 with --quick). Target: <= 300 ms.
 - job_page_p95_ms: one job's page, the same way.
+- axe_serious: axe-core (npm) run in that browser on every page above, as the tenant or the operator;
+  the serious and critical violations, summed. Target: 0.
 - ws_event_to_dom_ms_p50: a uvicorn server on the same database, the jobs page open in Debian's
   Chromium; a job the bench submits (it waits: nothing admits it) is cancelled through the API, and the
   time from the cancel's answer to its row showing "cancelled" (a MutationObserver's clock, the same
@@ -40,6 +42,8 @@ from bench.skeleton import free_port  # noqa: E402
 
 BENCH_DB = "polychip_bench_portal"
 CHROMIUM = "/usr/bin/chromium"
+AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"  # from npm (make install)
+AXE_RUN = "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
 PASSWORD = "pw-123456789"  # bench/api.py's seeded user
 # In the page: the moment (its clock, this host's) the job's row first shows "cancelled".
 WATCH_ROW = """(id) => {
@@ -100,7 +104,34 @@ def server_times(tenant_id: int, requests: int) -> dict[str, Any]:
     return {"pages": len(pages), "list": timings["list"], "job": timings["job"]}
 
 
-def ws_latency(token: str, tenant_id: int, trials: int, scratch: str) -> list[float]:
+def axe_serious(page: Any, paths: list[str]) -> list[str]:
+    """axe-core's serious and critical violations on each page, as served (the script goes in through
+    Playwright, which the pages' Content-Security-Policy does not govern); one line each."""
+    found: list[str] = []
+    for path in paths:
+        page.goto(path)  # to "load"; the live pages never go network-idle (sockets, followed logs)
+        page.wait_for_timeout(1000)  # their scripts fill them from the API
+        page.evaluate(AXE.read_text())
+        for violation in page.evaluate(AXE_RUN):
+            if violation["impact"] in ("serious", "critical"):
+                nodes = violation["nodes"]
+                found.append(
+                    f"{path}: {violation['id']} ({violation['impact']}) "
+                    f"at {nodes[0]['target']} and {len(nodes) - 1} more"
+                )
+    return found
+
+
+def sign_in(page: Any, username: str) -> None:
+    page.goto("/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda url: "/login/" not in url)
+
+
+def ws_latency(token: str, tenant_id: int, trials: int, scratch: str) -> tuple[list[float], list[str]]:
+    """The cancel-to-row latencies, and axe's serious findings on every page of the same server."""
     import httpx
     from playwright.sync_api import sync_playwright
 
@@ -138,11 +169,12 @@ def ws_latency(token: str, tenant_id: int, trials: int, scratch: str) -> list[fl
             browser = pw.chromium.launch(
                 executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"]
             )
+            operator = browser.new_page(base_url=url)
+            sign_in(operator, "bench-op")
+            violations = axe_serious(operator, ["/console/", "/console/queue/"])
             page = browser.new_page(base_url=url)
-            page.goto("/login/")
-            page.fill("input[name=username]", "acme-user")
-            page.fill("input[name=password]", PASSWORD)
-            page.click("button[type=submit]")
+            sign_in(page, "acme-user")
+            violations += axe_serious(page, [f"/jobs/{waiting[0]}", "/submit/", "/billing/", "/tokens/", "/"])
             page.wait_for_selector("#live.on", timeout=30_000)
             for job_id in waiting:
                 page.wait_for_selector(f'#jobs tr[data-job="{job_id}"]', timeout=30_000)
@@ -157,7 +189,7 @@ def ws_latency(token: str, tenant_id: int, trials: int, scratch: str) -> list[fl
                     page.wait_for_timeout(5)
                 out.append(max(0.0, page.evaluate("window.__seen") - answered_ms))
             browser.close()
-        return out
+        return out, violations
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -180,7 +212,11 @@ def main() -> None:
         f"jobs page p95 {figures['jobs_list_p95_ms_100k']} ms (p50 {statistics.median(times['list']):.1f}), "
         f"job page p95 {figures['job_page_p95_ms']} ms, over {requests} requests each"
     )
-    latencies = ws_latency(token, tenant_id, trials, tempfile.mkdtemp(prefix="polychip-bench-portal-"))
+    latencies, violations = ws_latency(token, tenant_id, trials, tempfile.mkdtemp(prefix="polychip-bench-portal-"))
+    figures["axe_serious"] = len(violations)
+    say(f"axe-core, serious or critical, on {times['pages']} pages: {len(violations)}")
+    for line in violations:
+        say(f"  {line}")
     figures["ws_event_to_dom_ms_p50"] = round(statistics.median(latencies), 1)
     say(
         f"cancel answered to row changed: p50 {figures['ws_event_to_dom_ms_p50']} ms, max {max(latencies):.0f} ms "

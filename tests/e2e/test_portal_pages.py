@@ -147,10 +147,14 @@ def test_a_waiting_job_says_why_and_where_and_the_tenant_can_change_its_priority
     page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Cancel").click()
     expect(page.get_by_test_id("state")).to_have_text("cancelled", timeout=WAIT_MS)
+    accessible(page, "a cancelled job")  # its state badge's contrast too
     expect(page.get_by_role("button", name="Clone and resubmit")).to_be_enabled()
     page.get_by_role("button", name="Clone and resubmit").click()
     expect(page).not_to_have_url(re.compile(rf"/jobs/{job['id']}$"), timeout=WAIT_MS)
     expect(page.get_by_test_id("state")).to_have_text("queued", timeout=WAIT_MS)
+    page.goto("/")
+    expect(page.locator(f'#jobs tr[data-job="{job["id"]}"]')).to_contain_text("cancelled", timeout=WAIT_MS)
+    accessible(page, "jobs, one cancelled and one waiting")
     assert page_errors == [], page_errors
 
 
