@@ -43,6 +43,9 @@ from bench.skeleton import free_port  # noqa: E402
 BENCH_DB = "polychip_bench_portal"
 CHROMIUM = "/usr/bin/chromium"
 AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"  # from npm (make install)
+# Every page, by who may see it ("{job}": a job's id); the jobs list last, where the latency trials run.
+TENANT_PAGES = ("/jobs/{job}", "/submit/", "/billing/", "/tokens/", "/")
+OPERATOR_PAGES = ("/console/", "/console/queue/")
 AXE_RUN = "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
 PASSWORD = "pw-123456789"  # bench/api.py's seeded user
 # In the page: the moment (its clock, this host's) the job's row first shows "cancelled".
@@ -82,18 +85,11 @@ def server_times(tenant_id: int, requests: int) -> dict[str, Any]:
         TrainingJob.objects.filter(tenant_id=tenant_id, state="queued").order_by("-pk").values_list("pk", flat=True)[0]
     )
     lists = ["/", f"/?cursor={paging.encode_cursor(deep)}", "/?state=failed&name=seeded-9"]
-    pages = {
-        "jobs": (client, "/"),
-        "job": (client, f"/jobs/{job_id}"),
-        "submit": (client, "/submit/"),
-        "billing": (client, "/billing/"),
-        "tokens": (client, "/tokens/"),
-        "console": (operator, "/console/"),
-        "console-queue": (operator, "/console/queue/"),
-    }
-    for name, (who, path) in pages.items():
+    pages = [(client, path.format(job=job_id)) for path in TENANT_PAGES]
+    pages += [(operator, path) for path in OPERATOR_PAGES]
+    for who, path in pages:
         status = who.get(path).status_code
-        assert status == 200, f"{name} ({path}) answered {status}"
+        assert status == 200, f"{path} answered {status}"
     timings: dict[str, list[float]] = {"list": [], "job": []}
     for n in range(requests):
         for kind, path in (("list", lists[n % len(lists)]), ("job", f"/jobs/{job_id}")):
@@ -171,10 +167,10 @@ def ws_latency(token: str, tenant_id: int, trials: int, scratch: str) -> tuple[l
             )
             operator = browser.new_page(base_url=url)
             sign_in(operator, "bench-op")
-            violations = axe_serious(operator, ["/console/", "/console/queue/"])
+            violations = axe_serious(operator, list(OPERATOR_PAGES))
             page = browser.new_page(base_url=url)
             sign_in(page, "acme-user")
-            violations += axe_serious(page, [f"/jobs/{waiting[0]}", "/submit/", "/billing/", "/tokens/", "/"])
+            violations += axe_serious(page, [path.format(job=waiting[0]) for path in TENANT_PAGES])
             page.wait_for_selector("#live.on", timeout=30_000)
             for job_id in waiting:
                 page.wait_for_selector(f'#jobs tr[data-job="{job_id}"]', timeout=30_000)
