@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -143,6 +145,28 @@ def test_observe_reads_the_run_dir(tmp_path: Path) -> None:
     (run_dir / "status.json").write_text(json.dumps(status))
     done = backend.observe(handle)
     assert done.phase == Phase.SUCCEEDED and done.ranks[0].exit_code == 0
+
+
+def test_a_final_status_waits_for_its_supervisor_to_exit(tmp_path: Path) -> None:
+    # The supervisor writes its final word, then exits: until it has, the job still has a process.
+    backend, handle, run_dir = _run_dir(tmp_path)
+    (run_dir / "launch.lock").write_text("{}")
+    exiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(run_dir)])
+    try:
+        (run_dir / "supervisor.pid").write_text(f"{exiting.pid}\n")
+        status = {"phase": "succeeded", "reason": "", "updated_at": time.time(), "ranks": []}
+        (run_dir / "status.json").write_text(json.dumps(status))
+        observation = backend.observe(handle)
+        assert (observation.phase, observation.reason) == (Phase.RUNNING, "exiting: succeeded")
+
+        # A supervisor hung in its exit long after its final word does not hold the job back.
+        (run_dir / "status.json").write_text(json.dumps({**status, "updated_at": time.time() - 60}))
+        assert backend.observe(handle).phase == Phase.SUCCEEDED
+        (run_dir / "status.json").write_text(json.dumps(status))
+    finally:
+        exiting.kill()
+        exiting.wait()
+    assert backend.observe(handle).phase == Phase.SUCCEEDED
 
 
 def test_a_supervisor_that_died_silently_means_failed(tmp_path: Path) -> None:

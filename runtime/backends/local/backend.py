@@ -60,6 +60,9 @@ _RANK_MODULE = "runtime.backends.local.rank"
 _START_TIMEOUT_S = 15.0
 # A run dir with a launch lock but no supervisor pid after this long was abandoned mid-launch.
 _STARTUP_GRACE_S = 60.0
+# How long a supervisor may take to exit after writing its final status before that status stands
+# while it still runs.
+_EXIT_GRACE_S = 10.0
 _FINAL_PHASES = {"succeeded": Phase.SUCCEEDED, "failed": Phase.FAILED, "stopped": Phase.STOPPED}
 CONTROL_FILE = "control.json"
 WORK_DIR = "work"
@@ -445,7 +448,7 @@ class LocalBackend:
             return Observation(phase=Phase.GONE, reason=f"{run_dir} does not exist")
         final = self._final_status(run_dir)
         if final is not None:
-            return final
+            return self._unless_exiting(run_dir, final)
         status = read_json(run_dir / STATUS_FILE)
         ranks = _rank_states(status)
         pid = _read_pid(run_dir / PID_FILE)
@@ -472,6 +475,18 @@ class LocalBackend:
         err = tail(run_dir / "supervisor.err")
         reason = f"the supervisor (pid {pid}) died without a final status"
         return Observation(phase=Phase.FAILED, ranks=ranks, reason=f"{reason}: {err}" if err else reason)
+
+    def _unless_exiting(self, run_dir: Path, final: Observation) -> Observation:
+        """The final status, once the supervisor that wrote it has exited: a job reported final has no
+        process left. A supervisor still alive long after its final word is hung in its exit; the
+        status stands then, and teardown kills it."""
+        status = read_json(run_dir / STATUS_FILE)
+        written_at = status.get("updated_at") if isinstance(status, dict) else None
+        if not isinstance(written_at, (int, float)) or time.time() - written_at > _EXIT_GRACE_S:
+            return final
+        if self._alive_pids(run_dir) == (None, []):
+            return final
+        return Observation(phase=Phase.RUNNING, ranks=final.ranks, reason=f"exiting: {final.phase.value}")
 
     def _final_status(self, run_dir: Path) -> Observation | None:
         status = read_json(run_dir / STATUS_FILE)
