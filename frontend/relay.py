@@ -1,4 +1,5 @@
-"""The push relay: tails the job event log and pushes each new event to its tenant's group.
+"""The push relay: tails the job event log and pushes each new event to its tenant's group, and tails
+the stored metric points and pushes each job's new points to the sockets watching that job's charts.
 
 Transitions happen in Celery workers, which share no memory with the ASGI server; the event log
 in the database is what they do share. One relay runs per ASGI process while at least one
@@ -8,6 +9,10 @@ Event ids are given out at insert but become visible at commit, so a slow transa
 an id lower than one already pushed. Each round therefore also re-reads a short window of recent
 events and pushes those it has not pushed yet. Consumers drop ids they have already sent, so relays
 in several processes feeding one Redis layer cannot make a client see an event twice either.
+
+Metric points are tailed by id alone (their table is the largest, and a time window would scan it):
+a point committed late, or overwritten in place when a step is trained again, is not pushed, and the
+job page's periodic read of its series picks it up.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from channels.layers import get_channel_layer
@@ -39,6 +45,11 @@ _listeners = 0
 
 def tenant_group(tenant_id: int) -> str:
     return f"tenant-{tenant_id}-jobs"
+
+
+def job_metrics_group(job_id: int) -> str:
+    """The sockets of pages that chart this job (they joined it when they connected, as its tenant)."""
+    return f"job-{job_id}-metrics"
 
 
 class SeenIds:
@@ -76,28 +87,48 @@ async def _on_db_thread(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(_db_thread, call)
 
 
-def _messages(cursor: int, seen: SeenIds) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
-    messages: list[tuple[int, dict[str, Any]]] = []
-    for event in services.recent_events(after_id=cursor, window_s=LATE_COMMIT_WINDOW_S):
-        cursor = max(cursor, event.id)
+@dataclass
+class Cursors:
+    event: int
+    metric_point: int
+
+
+def _cursors() -> Cursors:
+    return Cursors(event=services.latest_event_id(), metric_point=services.latest_metric_point_id())
+
+
+def _messages(cursors: Cursors, seen: SeenIds) -> list[tuple[str, dict[str, Any]]]:
+    """The next round's (group, message) pairs; advances ``cursors``."""
+    messages: list[tuple[str, dict[str, Any]]] = []
+    for event in services.recent_events(after_id=cursors.event, window_s=LATE_COMMIT_WINDOW_S):
+        cursors.event = max(cursors.event, event.id)
         if not seen.add(event.id):
             continue
         job = services.get_job(tenant_id=event.tenant_id, job_id=event.job_id)
-        messages.append((event.tenant_id, {"type": "job.event", "event": event_json(event), "job": job_json(job)}))
-    return cursor, messages
+        message = {"type": "job.event", "event": event_json(event), "job": job_json(job)}
+        messages.append((tenant_group(event.tenant_id), message))
+    by_job: dict[int, dict[str, Any]] = {}
+    for point in services.metric_points_after(cursors.metric_point):
+        cursors.metric_point = point.id
+        batch = by_job.setdefault(
+            point.job_id, {"type": "job.metrics", "job_id": point.job_id, "tenant_id": point.tenant_id, "points": []}
+        )
+        batch["points"].append({"name": point.name, "step": point.step, "value": point.value})
+    messages.extend((job_metrics_group(job_id), batch) for job_id, batch in by_job.items())
+    return messages
 
 
 async def _run() -> None:
     layer = get_channel_layer()
     if layer is None:
         raise ImproperlyConfigured("CHANNEL_LAYERS is not configured")
-    cursor = await _on_db_thread(services.latest_event_id)
+    cursors = await _on_db_thread(_cursors)
     seen = SeenIds(LATE_COMMIT_WINDOW_S)
     while _listeners > 0:
         try:
-            cursor, messages = await _on_db_thread(_messages, cursor, seen)
-            for tenant_id, message in messages:
-                await layer.group_send(tenant_group(tenant_id), message)
+            messages = await _on_db_thread(_messages, cursors, seen)
+            for group, message in messages:
+                await layer.group_send(group, message)
             seen.forget_old()
         except asyncio.CancelledError:
             raise

@@ -205,6 +205,18 @@ class MetricPointView:
 
 
 @dataclass(frozen=True)
+class NewMetricPoint:
+    """A point as stored, for the push relay: its row id (what the relay tails) and whose it is."""
+
+    id: int
+    tenant_id: int
+    job_id: int
+    name: str
+    step: int
+    value: float
+
+
+@dataclass(frozen=True)
 class MetricSeriesView:
     name: str
     points: tuple[MetricPointView, ...]

@@ -26,7 +26,7 @@ from django.db.models import Avg, BigIntegerField, Count, ExpressionWrapper, F, 
 from django.utils import timezone
 
 from controlplane.domain import Invalid
-from jobs.contracts import MetricPointView, MetricSeriesView
+from jobs.contracts import MetricPointView, MetricSeriesView, NewMetricPoint
 from jobs.errors import JobNotFound
 from jobs.models import MetricPoint, TrainingJob
 
@@ -72,6 +72,22 @@ def record_points(job_id: int, attempt: int, points: Iterable[ReportedPoint], *,
         update_fields=["value", "attempt", "recorded_at"],
     )
     return len(rows)
+
+
+def metric_points_after(after_id: int, *, limit: int = 5000) -> list[NewMetricPoint]:
+    """Points stored with a row id above ``after_id``, oldest first: what the push relay sends next.
+    A point overwritten in place (a step trained again) keeps its id and is not among them; the
+    charts' own periodic read picks those up."""
+    rows = (
+        MetricPoint.objects.filter(pk__gt=after_id)
+        .order_by("pk")
+        .values_list("pk", "job__tenant_id", "job_id", "name", "step", "value")[:limit]
+    )
+    return [NewMetricPoint(*row) for row in rows]
+
+
+def latest_metric_point_id() -> int:
+    return MetricPoint.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
 
 
 def metric_names(job_id: int) -> list[str]:

@@ -56,6 +56,8 @@ from jobs.metering import open_usage as open_usage
 from jobs.metrics import DEFAULT_POINTS as DEFAULT_METRIC_POINTS
 from jobs.metrics import MAX_POINTS as MAX_METRIC_POINTS
 from jobs.metrics import ReportedPoint as ReportedPoint
+from jobs.metrics import latest_metric_point_id as latest_metric_point_id
+from jobs.metrics import metric_points_after as metric_points_after
 from jobs.metrics import metric_series as metric_series
 from jobs.metrics import record_points as record_metric_points
 from jobs.models import JobState
@@ -132,10 +134,12 @@ __all__ = [
     "job_states",
     "known_flavors",
     "latest_event_id",
+    "latest_metric_point_id",
     "list_bundles",
     "list_events",
     "list_jobs",
     "list_throughput_entries",
+    "metric_points_after",
     "metric_series",
     "model_download",
     "observe_job",

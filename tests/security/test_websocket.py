@@ -125,6 +125,14 @@ async def push(tenant_id: int, event_id: int) -> None:
     await get_channel_layer().group_send(tenant_group(tenant_id), message)
 
 
+async def heard(ws: Socket, quiet_s: float) -> list[dict[str, Any]]:
+    """Every frame the socket sends until it has been quiet for ``quiet_s``."""
+    frames = []
+    while not await ws.receive_nothing(timeout=quiet_s):
+        frames.append(await ws.receive_json_from())
+    return frames
+
+
 async def closed_with(ws: Socket) -> int | None:
     output = await ws.receive_output(timeout=10)
     assert output["type"] == "websocket.close", output
@@ -223,5 +231,71 @@ def test_frames_from_the_browser_are_ignored_json_or_not(app, tenants):
         await push(acme.id, 7)  # still open, still serving
         assert (await ws.receive_json_from())["event"]["id"] == 7
         await ws.disconnect()
+
+    asyncio.run(scenario())
+
+
+def _a_job_of(tenant) -> int:
+    from jobs import services
+    from runtime.jobspec import parse_job_spec
+
+    spec = {"name": "charted", "devices": 1, "flavors": ["a100-sxm"], "workload": {"steps": 50, "global_batch": 64}}
+    return services.submit_job(tenant_id=tenant.id, user_id=None, spec=parse_job_spec(spec)).id
+
+
+def charting(app: Any, client: Client, job: str) -> Socket:
+    ws = communicator(app, client)
+    ws.scope["query_string"] = f"metrics={job}".encode()
+    return ws
+
+
+def test_a_jobs_page_socket_gets_the_jobs_new_metric_points_through_the_relay(app, tenants, pool):
+    from django.utils import timezone
+
+    from jobs.models import MetricPoint
+
+    acme = tenants[0]
+    job_id = _a_job_of(acme)
+    client = signed_in(acme)
+
+    async def scenario() -> None:
+        charts, lists = charting(app, client, str(job_id)), communicator(app, client)
+        await opened(charts)
+        await opened(lists)
+        # The relay starts with the first socket and tails from the newest point it finds: write points
+        # until one arrives (each a new step), then check what came is what was written.
+        written: dict[int, float] = {}
+        for step in range(100):
+            written[step] = 1.0 / (step + 1)
+            await in_thread(
+                lambda s=step: MetricPoint.objects.create(
+                    job_id=job_id, name="loss", step=s, value=written[s], recorded_at=timezone.now()
+                )
+            )
+            message = next((m for m in await heard(charts, 0.3) if m["type"] == "job_metrics"), None)
+            if message is not None:
+                break
+        assert message is not None and message["job_id"] == job_id
+        assert message["points"] and all(written[p["step"]] == p["value"] for p in message["points"])
+        assert {p["name"] for p in message["points"]} == {"loss"}
+        # A socket that charts nothing hears the job's events (its submission), never its points.
+        assert "job_metrics" not in {m["type"] for m in await heard(lists, 1.0)}
+        await charts.disconnect()
+        await lists.disconnect()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("asked", ["other", "not-a-number", "99999999"])
+def test_charting_a_job_not_the_tenants_is_refused_at_the_handshake(app, tenants, pool, asked):
+    acme, globex = tenants[0], tenants[1]
+    job = str(_a_job_of(globex)) if asked == "other" else asked
+    client = signed_in(acme)
+
+    async def scenario() -> None:
+        ws = charting(app, client, job)
+        connected, code = await ws.connect()
+        assert (connected, code) == (False, CLOSE_NOT_ALLOWED)
+        await ws.disconnect()  # the consumer closed it: the client's side of the close
 
     asyncio.run(scenario())

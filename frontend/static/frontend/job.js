@@ -143,14 +143,43 @@
     }).observe(el);
   }
 
+  // What each chart draws, step -> value: the series as read (downsampled to at most CHART_POINTS),
+  // with the points pushed since added on.
+  const CHART_OF = {loss: "chart-loss", samples_per_s: "chart-speed"};
+  const CHART_POINTS = 1000;
+  const drawn = {"chart-loss": new Map(), "chart-speed": new Map()};
+
+  function draw(id) {
+    const steps = [...drawn[id].keys()].sort((a, b) => a - b);
+    charts[id].setData([steps, steps.map((s) => drawn[id].get(s))]);
+    $(id).dataset.points = String(steps.length);
+  }
+
+  // Points pushed over the WebSocket as rank 0 reports them.
+  function addPoints(points) {
+    const touched = new Set();
+    for (const p of points) {
+      const id = CHART_OF[p.name];
+      if (!id || typeof p.value !== "number") continue;
+      drawn[id].set(p.step, p.value);
+      touched.add(id);
+    }
+    for (const id of touched) draw(id);
+    // Past twice the read's size, read the series again: it comes back downsampled.
+    if ([...touched].some((id) => drawn[id].size > 2 * CHART_POINTS)) pollMetrics();
+  }
+
   async function loadMetrics() {
     try {
-      const body = await P.api(`${base}/metrics?name=loss,samples_per_s&points=1000`);
+      const body = await P.api(`${base}/metrics?name=loss,samples_per_s&points=${CHART_POINTS}`);
       for (const series of body.series) {
-        const id = series.name === "loss" ? "chart-loss" : "chart-speed";
-        const points = series.points.filter((p) => typeof p.value === "number");
-        charts[id].setData([points.map((p) => p.step), points.map((p) => p.value)]);
-        $(id).dataset.points = String(points.length);
+        const id = CHART_OF[series.name];
+        const read = new Map(series.points.filter((p) => typeof p.value === "number").map((p) => [p.step, p.value]));
+        // Points pushed while the read was on its way, beyond its last step, stay.
+        const last = Math.max(-1, ...read.keys());
+        for (const [step, value] of drawn[id]) if (step > last) read.set(step, value);
+        drawn[id] = read;
+        draw(id);
       }
       const total = body.series.reduce((n, s) => n + s.total_points, 0);
       $("chart-note").textContent = total ? "" : "No points yet: they arrive as rank 0 reports its steps.";
@@ -308,14 +337,18 @@
 
   function renderAll() { renderSummary(); renderRanks(); renderRecovery(); rankOptions(); }
 
+  // New points arrive over the WebSocket; the series is also read now and then, for what a push does
+  // not carry (a step trained again after a restore, a point committed late) and while the socket is down.
   let metricsTimer = null;
   function pollMetrics() {
     clearTimeout(metricsTimer);
-    loadMetrics().finally(() => { if (running()) metricsTimer = setTimeout(pollMetrics, 2000); });
+    loadMetrics().finally(() => { if (running()) metricsTimer = setTimeout(pollMetrics, $("live").classList.contains("on") ? 15000 : 2000); });
   }
 
   P.jobSocket({
     status: $("live"),
+    metricsOf: jobId,
+    onMetrics: addPoints,
     onEvent: (changed, event) => {
       if (changed.id !== jobId) return;
       const was = job.state;

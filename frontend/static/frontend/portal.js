@@ -78,16 +78,19 @@
   }
 
   // The tenant's job events over the WebSocket, reconnecting with back-off; `onEvent(job, event)`.
-  function jobSocket({onEvent, onSnapshot, status}) {
+  // With `metricsOf` (a job id), that job's new metric points too: `onMetrics(points)`.
+  function jobSocket({onEvent, onSnapshot, onMetrics, metricsOf, status}) {
     let delay = 500;
     function connect() {
       const scheme = location.protocol === "https:" ? "wss" : "ws";
-      const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/`);
+      const query = metricsOf ? `?metrics=${encodeURIComponent(metricsOf)}` : "";
+      const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/${query}`);
       socket.onopen = () => { if (status) { status.textContent = "live"; status.className = "live on"; } delay = 500; };
       socket.onmessage = (message) => {
         const data = JSON.parse(message.data);
         if (data.type === "job_event") onEvent(data.job, data.event);
         else if (data.type === "snapshot" && onSnapshot) onSnapshot(data.jobs);
+        else if (data.type === "job_metrics" && onMetrics) onMetrics(data.points);
       };
       socket.onclose = () => {
         if (status) { status.textContent = "reconnecting…"; status.className = "live off"; }
