@@ -10,6 +10,7 @@ urlpatterns = [
     path("tokens/", views.tokens_page, name="portal-tokens"),
     path("console/", views.console_cluster, name="console-cluster"),
     path("console/queue/", views.console_queue, name="console-queue"),
+    path("console/tenants/", views.console_tenants, name="console-tenants"),
     path("billing/", views.billing_page, name="portal-billing"),
     path("billing/invoices/<int:invoice_id>", views.invoice_page, name="portal-invoice"),
     path("login/", auth_views.LoginView.as_view(), name="login"),

@@ -128,6 +128,11 @@ def console_queue(request: HttpRequest) -> HttpResponse:
     return render(request, "frontend/console_queue.html", {"tenant": tenants.tenant_for_user(request.user)})
 
 
+@staff_member_required(login_url="login")
+def console_tenants(request: HttpRequest) -> HttpResponse:
+    return render(request, "frontend/console_tenants.html", {"tenant": tenants.tenant_for_user(request.user)})
+
+
 # --- billing ----------------------------------------------------------------------------------
 
 

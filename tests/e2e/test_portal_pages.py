@@ -246,3 +246,60 @@ def test_an_operator_drains_a_node_and_watches_the_job_move_and_resume(
     shoot(page, screenshots, "console-queue")
     api.post(f"/api/v1/jobs/{job_id}/cancel")
     assert page_errors == [], page_errors
+
+
+def test_an_operator_edits_tenants_cohorts_and_quotas_with_the_apis_validation(
+    tenants, pool, page: Page, page_errors, screenshots
+):
+    from django.contrib.auth import get_user_model
+
+    from tenants import services
+
+    get_user_model().objects.create_user("operator", password="operator-password-1", is_staff=True)
+    sign_in(page, "operator", "operator-password-1")
+    page.get_by_role("link", name="Tenants").click()
+    expect(page).to_have_url(re.compile(r"/console/tenants/$"))
+    expect(page.locator('#tenants tr[data-tenant="acme"]')).to_contain_text("nau", timeout=WAIT_MS)
+
+    # A cohort, then a tenant in it; the editor opens on the new tenant.
+    page.fill("#c-name", "research")
+    page.get_by_role("button", name="Create cohort").click()
+    expect(page.locator('#cohort-list tr[data-cohort="research"]')).to_be_visible(timeout=WAIT_MS)
+    page.fill("#n-slug", "labs")
+    page.fill("#n-name", "Research Labs")
+    page.select_option("#n-cohort", label="research")
+    page.get_by_role("button", name="Create tenant").click()
+    expect(page.locator("#editor-title")).to_have_text("Tenant labs", timeout=WAIT_MS)
+
+    # A quota the API refuses: the error names the field, the input is marked, nothing is stored.
+    page.get_by_role("button", name="Add a quota").click()
+    page.get_by_label("Resource of quota 1").fill("nau")
+    page.get_by_label("Nominal of quota 1").fill("-4")
+    page.get_by_role("button", name="Save quotas").click()
+    expect(page.locator("#quota-errors")).to_contain_text("quotas[0].nominal", timeout=WAIT_MS)
+    expect(page.get_by_label("Nominal of quota 1")).to_have_attribute("aria-invalid", "true")
+    labs = next(t for t in services.list_tenants() if t.slug == "labs")
+    assert labs.quotas == () and labs.cohort == "research"
+
+    page.get_by_label("Nominal of quota 1").fill("6")
+    page.get_by_label("Lending limit of quota 1").fill("2")
+    page.get_by_role("button", name="Save quotas").click()
+    expect(page.locator('#tenants tr[data-tenant="labs"]')).to_contain_text("nau 6", timeout=WAIT_MS)
+    labs = next(t for t in services.list_tenants() if t.slug == "labs")
+    assert [(q.resource, q.nominal, q.lending_limit) for q in labs.quotas] == [("nau", 6, 2)]
+
+    # A tenant's own settings: a weight that is no number is refused by name, a good one is kept.
+    page.fill("#e-weight", "heavy")
+    page.get_by_role("button", name="Save tenant").click()
+    expect(page.locator("#tenant-errors")).to_contain_text("fair_share_weight", timeout=WAIT_MS)
+    page.fill("#e-weight", "2.5")
+    page.fill("#e-max-queued", "40")
+    page.get_by_role("button", name="Save tenant").click()
+    expect(page.locator('#tenants tr[data-tenant="labs"]')).to_contain_text("2.5", timeout=WAIT_MS)
+    labs = next(t for t in services.list_tenants() if t.slug == "labs")
+    assert (labs.fair_share_weight, labs.max_queued_jobs) == (2.5, 40)
+    accessible(page, "console-tenants")
+    shoot(page, screenshots, "console-tenants")
+    # The browser logs the two refusals' 400s; nothing else.
+    refused = [e for e in page_errors if "status of 400" in e and re.search(r"/operator/tenants/\d+(/quotas)?\)", e)]
+    assert len(refused) == 2 and [e for e in page_errors if e not in refused] == [], page_errors

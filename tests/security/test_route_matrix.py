@@ -131,6 +131,7 @@ MATRIX: dict[str, Expect] = {
     "tokens/": Expect("portal", {"GET": "page"}),
     "console/": Expect("console", {"GET": "page"}),
     "console/queue/": Expect("console", {"GET": "page"}),
+    "console/tenants/": Expect("console", {"GET": "page"}),
     "billing/invoices/<int:invoice_id>": Expect("portal_object", {"GET": "page"}, owner_sees=True),
     ADMIN: Expect("admin", {"GET": "admin"}),
 }
