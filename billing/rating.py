@@ -62,7 +62,7 @@ def day_start_ms(day: date) -> int:
 
 def period_of(ms: int) -> date:
     """The billing period (first day of the UTC month) that holds the instant ``ms``."""
-    return _day_of(ms).replace(day=1)
+    return day_of(ms).replace(day=1)
 
 
 def next_period(period: date) -> date:
@@ -92,6 +92,22 @@ def split_by_period(start_ms: int, duration_ms: int) -> list[tuple[date, int, in
         boundary = period_bounds_ms(period)[1]
         piece_end = min(end, boundary)
         pieces.append((period, cursor, piece_end - cursor))
+        if piece_end >= end:
+            return pieces
+        cursor = piece_end
+
+
+def split_by_day(start_ms: int, duration_ms: int) -> list[tuple[date, int, int]]:
+    """Cut ``[start, start + duration)`` at UTC midnights: (day, piece start, piece ms) each; the
+    pieces add up to ``duration_ms``."""
+    if duration_ms < 0:
+        raise RatingError(f"a usage cannot last {duration_ms} ms")
+    pieces: list[tuple[date, int, int]] = []
+    cursor, end = start_ms, start_ms + duration_ms
+    while True:
+        day = day_of(cursor)
+        piece_end = min(end, day_start_ms(day) + 86_400_000)
+        pieces.append((day, cursor, piece_end - cursor))
         if piece_end >= end:
             return pieces
         cursor = piece_end
@@ -139,7 +155,7 @@ class PriceBook:
         starts = [at for at, _, _ in schedule]
         index = bisect.bisect_right(starts, start_ms) - 1
         if index < 0:
-            raise Unpriced(flavor, _day_of(start_ms), self.name)
+            raise Unpriced(flavor, day_of(start_ms), self.name)
         out: list[tuple[str, int, int]] = []
         cursor, end = start_ms, start_ms + duration_ms
         while True:
@@ -168,7 +184,7 @@ class PriceBook:
         return self._merged_cache[flavor]
 
 
-def _day_of(ms: int) -> date:
+def day_of(ms: int) -> date:
     return date.fromordinal(date(1970, 1, 1).toordinal() + ms // 86_400_000)
 
 

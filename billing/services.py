@@ -10,6 +10,7 @@ they are finalized, under the invoice's row lock.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -774,12 +775,19 @@ def _entry_views(entries: QuerySet[LedgerEntry]) -> Iterator[LedgerEntryView]:
 
 
 def _period_usage(
-    tenant_id: int, period: date, book: rating.PriceBook, open_usage: Iterable[OpenUsage], now: datetime
+    tenant_id: int,
+    period: date,
+    book: rating.PriceBook,
+    open_usage: Iterable[OpenUsage],
+    now: datetime,
+    *,
+    when: bool = False,
 ) -> list[rating.RatedUsage]:
-    """What the tenant used in the period so far: the ledger, the outbox not yet posted, open allocations."""
+    """What the tenant used in the period so far: the ledger, the outbox not yet posted, open allocations.
+    ``when``: each entry with its own start and length (not summed per flavor where prices hold still)."""
     start_ms, end_ms = rating.period_bounds_ms(period)
     entries = LedgerEntry.objects.filter(tenant_id=tenant_id, period=period)
-    if book.constant_between(start_ms, end_ms):
+    if not when and book.constant_between(start_ms, end_ms):
         # One price per flavor all month: sums per flavor and NAU rate price the same as each entry.
         usages = [
             rating.RatedUsage(
@@ -824,6 +832,24 @@ def spend_by_flavor(
         by_flavor[usage.flavor].append(usage)
     spends = [(flavor, rating.estimate(group, book)) for flavor, group in by_flavor.items()]
     return sorted(spends, key=lambda item: (-item[1], item[0]))
+
+
+def spend_by_day(
+    tenant_id: int, open_usage: Iterable[OpenUsage] = (), *, now: datetime | None = None
+) -> list[tuple[date, Decimal]]:
+    """This month's spend per UTC day, from its first day to today (0 for a day without usage): what
+    ``budget_status`` prices, each stretch of usage on the day it ran and each day rounded once (so the
+    days may differ from the month's whole by a cent or so)."""
+    now = now or timezone.now()
+    period = rating.period_of(rating.epoch_ms(now))
+    book = price_book_for(tenant_id)
+    by_day: dict[date, list[rating.RatedUsage]] = defaultdict(list)
+    for usage in _period_usage(tenant_id, period, book, open_usage, now, when=True):
+        for day, start_ms, ms in rating.split_by_day(usage.start_ms, usage.duration_ms):
+            by_day[day].append(dataclasses.replace(usage, start_ms=start_ms, duration_ms=ms))
+    today = rating.day_of(rating.epoch_ms(now))
+    days = [period + timedelta(days=n) for n in range((today - period).days + 1)]
+    return [(day, rating.estimate(by_day.get(day, ()), book)) for day in days]
 
 
 def budget_status(tenant_id: int, open_usage: Iterable[OpenUsage] = (), *, now: datetime | None = None) -> BudgetStatus:

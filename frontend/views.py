@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, time
 from decimal import Decimal
 from urllib.parse import urlencode
 
@@ -136,6 +137,15 @@ def console_tenants(request: HttpRequest) -> HttpResponse:
 # --- billing ----------------------------------------------------------------------------------
 
 
+def _device_time(seconds: float) -> str:
+    """Device time as people read it: seconds, minutes or hours."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
 def _percent(part: Decimal, whole: Decimal) -> str:
     """``part`` as a percentage of ``whole``, for a bar's width: exact decimals, one place."""
     if whole <= 0:
@@ -175,7 +185,22 @@ def billing_page(request: HttpRequest) -> HttpResponse:
             context["pricing_error"] = str(exc)
             return render(request, "frontend/billing.html", context)
         largest = max((amount for _, amount in flavors), default=Decimal(0))
+        month_start = datetime.combine(status.period, time.min, tzinfo=UTC)
         context.update(
+            spend_days=[
+                {"day": day.isoformat(), "spend": str(amount)} for day, amount in billing.spend_by_day(tenant.id, held)
+            ],
+            idle=[
+                {
+                    "flavor": row.flavor,
+                    "held_s": row.held_s,
+                    "idle_s": row.idle_s,
+                    "held": _device_time(row.held_s),
+                    "idle": _device_time(row.idle_s),
+                    "idle_pct": f"{100 * row.idle_s / row.held_s:.0f}" if row.held_s else "0",
+                }
+                for row in jobs.idle_usage(tenant.id, since=month_start)
+            ],
             status=status,
             bar=_budget_bar(status),
             hard_reason=billing.hard_budget_reason(status) if status.hard_reached else None,

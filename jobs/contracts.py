@@ -205,6 +205,15 @@ class MetricPointView:
 
 
 @dataclass(frozen=True)
+class IdleUsage:
+    """One flavor's device time over a stretch: held by jobs, and held while training nothing."""
+
+    flavor: str
+    held_s: float
+    idle_s: float
+
+
+@dataclass(frozen=True)
 class NewMetricPoint:
     """A point as stored, for the push relay: its row id (what the relay tails) and whose it is."""
 

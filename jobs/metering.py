@@ -1,5 +1,6 @@
 """What jobs hold and what it costs: allocations closed into usage records (billing's outbox, in
-the same transaction), the devices held now for budgets, and what a placement charges a quota."""
+the same transaction), the devices held now for budgets, what a placement charges a quota, and how
+much of the held time trained nothing."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
+from django.db.models import Max, Min, Q
+from django.utils import timezone
+
 from billing import services as billing
 from billing.contracts import OpenUsage, UsageInterval
-from jobs.models import Allocation, TrainingJob
+from jobs.contracts import IdleUsage
+from jobs.models import Allocation, MetricPoint, TrainingJob
 from jobs.throughput import nau_rates
 from runtime.scheduling import NAU, FreeDevice
 from runtime.scheduling.model import MILLI
@@ -86,3 +91,40 @@ def allocated_ms() -> dict[tuple[int, str], int]:
         if ended_at is not None:  # always: only closed ones were selected
             totals[(tenant_id, flavor)] = totals.get((tenant_id, flavor), 0) + billing.held_ms(started_at, ended_at)
     return totals
+
+
+def idle_usage(tenant_id: int, since: datetime, *, now: datetime | None = None) -> list[IdleUsage]:
+    """The tenant's device time since ``since``, per flavor: held, and held while training nothing.
+
+    A run trains between the first and the last step it reports (the metric points rank 0's telemetry
+    stores, each stamped when stored); a device's time outside that window is idle: provisioning,
+    starting the processes and loading the code, restoring a checkpoint, a run that failed before its
+    first step, the wait for the last report to end it. Steps between two reports count as training,
+    so this is a floor on what was wasted, not an estimate of it."""
+    now = now or timezone.now()
+    held = list(
+        Allocation.objects.filter(job__tenant_id=tenant_id)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=since))
+        .values_list("job_id", "device__flavor__name", "started_at", "ended_at")
+    )
+    # Each run's training window: its attempt's first and last stored point (runs never overlap in time).
+    windows: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
+    for job_id, first, last in (
+        MetricPoint.objects.filter(job_id__in={job_id for job_id, *_ in held})
+        .values("job_id", "attempt")
+        .annotate(first=Min("recorded_at"), last=Max("recorded_at"))
+        .values_list("job_id", "first", "last")
+    ):
+        windows[job_id].append((first, last))
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for job_id, flavor, started_at, ended_at in held:
+        start, end = max(started_at, since), min(ended_at or now, now)
+        if end <= start:
+            continue
+        training = sum(
+            max(0.0, (min(end, last) - max(start, first)).total_seconds()) for first, last in windows[job_id]
+        )
+        span = (end - start).total_seconds()
+        totals[flavor][0] += span
+        totals[flavor][1] += max(0.0, span - training)
+    return [IdleUsage(flavor=f, held_s=round(h, 3), idle_s=round(i, 3)) for f, (h, i) in sorted(totals.items())]

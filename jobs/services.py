@@ -52,6 +52,7 @@ from jobs.logs import attempt_logs as attempt_logs
 from jobs.logs import follow_logs as follow_logs
 from jobs.logs import read_logs as read_logs
 from jobs.metering import allocated_ms as allocated_ms
+from jobs.metering import idle_usage as idle_usage
 from jobs.metering import open_usage as open_usage
 from jobs.metrics import DEFAULT_POINTS as DEFAULT_METRIC_POINTS
 from jobs.metrics import MAX_POINTS as MAX_METRIC_POINTS
@@ -127,6 +128,7 @@ __all__ = [
     "get_bundle",
     "get_job",
     "grow_back",
+    "idle_usage",
     "ingest_telemetry",
     "ingest_token",
     "job_checkpoints",

@@ -7,6 +7,7 @@ and a screenshot of each at 1280 and 390 px."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,18 @@ def test_own_code_from_the_browser_to_a_finished_job_and_only_its_tenant_sees_it
     expect(page.locator(f'#jobs tr[data-job="{job_id}"] a')).to_have_attribute("href", f"/jobs/{job_id}")
     accessible(page, "jobs")
     shoot(page, screenshots, "jobs")
+
+    # Its cost is on the month's chart (a bar a day, today's among them) and its held time in the idle table.
+    page.get_by_role("link", name="Billing").click()
+    today = datetime.now(UTC).date()
+    expect(page.locator("#chart-spend")).to_have_attribute("data-points", str(today.day), timeout=WAIT_MS)
+    assert page.locator(f'#spend-days tr[data-day="{today.isoformat()}"] td.num').text_content() != "0.00"
+    idle = page.locator('#idle tr[data-flavor="h100-sxm"]')
+    expect(idle).to_be_visible()
+    held, idle_s = (float(idle.get_attribute(f"data-{what}-s") or "") for what in ("held", "idle"))
+    assert 0 < idle_s < held, (held, idle_s)  # starting the run was idle; its steps were not
+    accessible(page, "billing-with-usage")
+    shoot(page, screenshots, "billing-with-usage")
     sign_out(page)
     sign_in(page, globex.username, globex.password)
     response = page.goto(f"/jobs/{job_id}")

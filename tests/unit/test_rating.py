@@ -172,6 +172,23 @@ def test_split_by_period_loses_no_millisecond() -> None:
         assert all(ms > 0 for _, _, ms in pieces) or len(pieces) == 1  # no empty piece unless all is empty
 
 
+def test_split_by_day_cuts_at_utc_midnights_and_loses_no_millisecond() -> None:
+    late = month_ms(2026, 11, 10) + DAY - 3_600_000  # 23:00 on 10 November
+    assert rating.split_by_day(late, 2 * 3_600_000) == [
+        (date(2026, 11, 10), late, 3_600_000),
+        (date(2026, 11, 11), month_ms(2026, 11, 11), 3_600_000),
+    ]
+    assert rating.split_by_day(late, 0) == [(date(2026, 11, 10), late, 0)]
+    rng = random.Random(9)
+    for _ in range(500):
+        start, duration = rng.randrange(month_ms(2026, 11), month_ms(2027, 3)), rng.randrange(40 * DAY)
+        pieces = rating.split_by_day(start, duration)
+        assert sum(ms for _, _, ms in pieces) == duration
+        assert all(rating.day_of(at) == day and rating.day_of(at + ms - 1) == day for day, at, ms in pieces if ms)
+    with pytest.raises(rating.RatingError):
+        rating.split_by_day(late, -1)
+
+
 def test_a_negative_duration_is_refused() -> None:
     with pytest.raises(rating.RatingError, match="-1 ms"):
         rating.split_by_period(0, -1)
