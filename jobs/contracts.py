@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, BinaryIO
 
 from runtime.scheduling.model import MILLI, NAU
@@ -202,6 +202,40 @@ class MetricPointView:
     min: float
     max: float
     last: float  # the value at the bucket's last reported step
+
+
+@dataclass(frozen=True)
+class UsageBuckets:
+    """A stretch of time cut into equal buckets (``jobs.history.BUCKETS`` of them)."""
+
+    since: datetime
+    until: datetime
+    bucket_s: float
+
+
+@dataclass(frozen=True)
+class QuotaHistoryView:
+    """A tenant's average use of each quota resource per bucket (NAU for ``nau``, else devices)."""
+
+    span: UsageBuckets
+    nominal: dict[str, float]
+    in_use: dict[str, tuple[float, ...]]
+
+
+@dataclass(frozen=True)
+class FlavorUtilizationView:
+    """A flavor's devices, and the average number held and training per bucket."""
+
+    flavor: str
+    devices: int
+    allocated: tuple[float, ...]
+    training: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class UtilizationHistoryView:
+    span: UsageBuckets
+    flavors: tuple[FlavorUtilizationView, ...]
 
 
 @dataclass(frozen=True)
@@ -545,3 +579,39 @@ def bundle_json(bundle: BundleView) -> dict[str, Any]:
     if bundle.entries is not None:
         out["entries"] = list(bundle.entries[:BUNDLE_ENTRIES_SHOWN])
     return out
+
+
+def _span_json(span: UsageBuckets) -> dict[str, Any]:
+    """The stretch, and each bucket's start (ISO 8601)."""
+    count = round((span.until - span.since).total_seconds() / span.bucket_s)
+    return {
+        "since": span.since.isoformat(),
+        "until": span.until.isoformat(),
+        "bucket_s": span.bucket_s,
+        "buckets": [(span.since + timedelta(seconds=i * span.bucket_s)).isoformat() for i in range(count)],
+    }
+
+
+def quota_history_json(history: QuotaHistoryView) -> dict[str, Any]:
+    span = history.span
+    resources = []
+    for resource, use in history.in_use.items():
+        nominal = history.nominal[resource]
+        resources.append(
+            {
+                "resource": resource,
+                "unit": "NAU" if resource == "nau" else "devices",
+                "nominal": nominal,
+                "in_use": list(use),
+                "borrowed": [round(max(0.0, value - nominal), 3) for value in use],
+            }
+        )
+    return {**_span_json(span), "resources": resources}
+
+
+def utilization_json(history: UtilizationHistoryView) -> dict[str, Any]:
+    flavors = [
+        {"flavor": r.flavor, "devices": r.devices, "allocated": list(r.allocated), "training": list(r.training)}
+        for r in history.flavors
+    ]
+    return {**_span_json(history.span), "flavors": flavors}

@@ -93,6 +93,20 @@ def allocated_ms() -> dict[tuple[int, str], int]:
     return totals
 
 
+def training_windows(job_ids: Iterable[int]) -> dict[int, list[tuple[datetime, datetime]]]:
+    """Each run's training window, per job: its attempt's first and last stored metric point (the runs
+    of one job never overlap in time)."""
+    windows: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
+    for job_id, first, last in (
+        MetricPoint.objects.filter(job_id__in=list(job_ids))
+        .values("job_id", "attempt")
+        .annotate(first=Min("recorded_at"), last=Max("recorded_at"))
+        .values_list("job_id", "first", "last")
+    ):
+        windows[job_id].append((first, last))
+    return windows
+
+
 def idle_usage(tenant_id: int, since: datetime, *, now: datetime | None = None) -> list[IdleUsage]:
     """The tenant's device time since ``since``, per flavor: held, and held while training nothing.
 
@@ -107,22 +121,14 @@ def idle_usage(tenant_id: int, since: datetime, *, now: datetime | None = None) 
         .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=since))
         .values_list("job_id", "device__flavor__name", "started_at", "ended_at")
     )
-    # Each run's training window: its attempt's first and last stored point (runs never overlap in time).
-    windows: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
-    for job_id, first, last in (
-        MetricPoint.objects.filter(job_id__in={job_id for job_id, *_ in held})
-        .values("job_id", "attempt")
-        .annotate(first=Min("recorded_at"), last=Max("recorded_at"))
-        .values_list("job_id", "first", "last")
-    ):
-        windows[job_id].append((first, last))
+    windows = training_windows({job_id for job_id, *_ in held})
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for job_id, flavor, started_at, ended_at in held:
         start, end = max(started_at, since), min(ended_at or now, now)
         if end <= start:
             continue
         training = sum(
-            max(0.0, (min(end, last) - max(start, first)).total_seconds()) for first, last in windows[job_id]
+            max(0.0, (min(end, last) - max(start, first)).total_seconds()) for first, last in windows.get(job_id, ())
         )
         span = (end - start).total_seconds()
         totals[flavor][0] += span

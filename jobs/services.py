@@ -38,6 +38,9 @@ from jobs.finishing import finish_job as finish_job
 from jobs.health import drain_device as drain_device
 from jobs.health import drain_node as drain_node
 from jobs.health import score_devices as score_devices
+from jobs.history import MAX_HOURS as MAX_HISTORY_HOURS
+from jobs.history import quota_history as quota_history
+from jobs.history import utilization_history as utilization_history
 from jobs.ingest import check_ingest_token as check_ingest_token
 from jobs.ingest import ingest_telemetry as ingest_telemetry
 from jobs.lifecycle import observe_job as observe_job
@@ -97,6 +100,7 @@ from runtime.jobspec import JobSpec
 __all__ = [
     "DEFAULT_METRIC_POINTS",
     "JOB_STATES",
+    "MAX_HISTORY_HOURS",
     "MAX_METRIC_POINTS",
     "MAX_NAME_FILTER",
     "STATES_PATTERN",
@@ -152,6 +156,7 @@ __all__ = [
     "provision_job",
     "queue",
     "queue_positions",
+    "quota_history",
     "quota_usage",
     "read_logs",
     "recent_events",
@@ -173,6 +178,7 @@ __all__ = [
     "teardown_job",
     "throughput_matrix",
     "untorn_job_ids",
+    "utilization_history",
     "waiting_jobs",
 ]
 

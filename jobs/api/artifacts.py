@@ -16,22 +16,13 @@ from rest_framework.views import APIView
 
 from controlplane.domain import Invalid
 from jobs import services
-from jobs.api.schema import BINARY, METRIC_PARAMETERS, query
+from jobs.api.schema import BINARY, METRIC_PARAMETERS, query, whole_number
 from jobs.contracts import Download, checkpoint_json, final_model_json, metric_series_json
 from jobs.telemetry import METRIC_NAME
 from tenants.permissions import RequireScope, request_tenant_id
 
 # The largest step a query may name (the column is a 64-bit integer; ``to`` is inclusive).
 MAX_STEP = 2**63 - 1
-
-
-def _whole(request: Request, key: str, *, low: int, high: int) -> int | None:
-    raw = request.query_params.get(key)
-    if raw is None or raw == "":
-        return None
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or not low <= int(raw) <= high:
-        raise Invalid(f"must be a whole number from {low} to {high}, got {raw[:40]!r}", field=key)
-    return int(raw)
 
 
 def _names(request: Request) -> list[str]:
@@ -51,13 +42,13 @@ class JobMetricsView(APIView):
     @extend_schema(summary="The job's metric series", parameters=METRIC_PARAMETERS)
     def get(self, request: Request, job_id: int) -> Response:
         tenant_id = request_tenant_id(request)
-        points = _whole(request, "points", low=1, high=services.MAX_METRIC_POINTS)
+        points = whole_number(request, "points", low=1, high=services.MAX_METRIC_POINTS)
         series = services.metric_series(
             tenant_id=tenant_id,
             job_id=job_id,
             names=_names(request),
-            first_step=_whole(request, "from", low=0, high=MAX_STEP),
-            last_step=_whole(request, "to", low=0, high=MAX_STEP),
+            first_step=whole_number(request, "from", low=0, high=MAX_STEP),
+            last_step=whole_number(request, "to", low=0, high=MAX_STEP),
             points=services.DEFAULT_METRIC_POINTS if points is None else points,
         )
         return Response(metric_series_json(job_id, series))

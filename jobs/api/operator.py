@@ -14,7 +14,8 @@ from rest_framework.views import APIView
 from controlplane.domain import Invalid
 from controlplane.parsers import StrictJSONParser
 from jobs import services
-from jobs.contracts import flavor_pool_json, node_json, quota_json, waiting_job_json
+from jobs.api.schema import HOURS_PARAMETER, whole_number
+from jobs.contracts import flavor_pool_json, node_json, quota_json, utilization_json, waiting_job_json
 from tenants import services as tenants
 from tenants.permissions import IsOperator
 
@@ -100,3 +101,14 @@ class OperatorQueueView(_OperatorView):
             for t in every
         ]
         return Response({"queue": queue, "tenants": cohorts})
+
+
+class UtilizationView(_OperatorView):
+    @extend_schema(
+        summary="Each flavor's devices held and training over the last hours, averaged per bucket (96 of them)",
+        parameters=[HOURS_PARAMETER],
+        responses={200: OpenApiResponse(OpenApiTypes.OBJECT)},
+    )
+    def get(self, request: Request) -> Response:
+        hours = whole_number(request, "hours", low=1, high=services.MAX_HISTORY_HOURS) or 24
+        return Response(utilization_json(services.utilization_history(hours=hours)))

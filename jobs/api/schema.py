@@ -9,7 +9,9 @@ from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
+from rest_framework.request import Request
 
+from controlplane.domain import Invalid
 from jobs import services
 from runtime.jobspec import job_spec_schema
 
@@ -105,6 +107,17 @@ def whole(lowest: int, highest: int | None = None) -> dict[str, Any]:
     return schema
 
 
+def whole_number(request: Request, key: str, *, low: int, high: int) -> int | None:
+    """The query parameter ``key`` as a whole number in ``[low, high]``; None when absent."""
+    raw = request.query_params.get(key)
+    if raw is None or raw == "":
+        return None
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or not low <= int(raw) <= high:
+        raise Invalid(f"must be a whole number from {low} to {high}, got {raw[:40]!r}", field=key)
+    return int(raw)
+
+
+HOURS_PARAMETER = query("hours", whole(1, services.MAX_HISTORY_HOURS), "How far back, in hours (24 unless asked).")
 MAX_STEP = 2**63 - 1
 LOG_PARAMETERS = [
     query("rank", whole(0), "One rank (from 0); absent: every rank's lines interleaved by time."),

@@ -26,6 +26,7 @@ urlpatterns = [
     path("bundles/<str:sha256>", bundles.BundleDetailView.as_view(), name="api-bundle"),
     path("pool", views.PoolView.as_view(), name="api-pool"),
     path("quotas", views.QuotaView.as_view(), name="api-quotas"),
+    path("quotas/history", views.QuotaHistoryView.as_view(), name="api-quota-history"),
     path("queue", views.QueueView.as_view(), name="api-queue"),
     path("throughput", views.ThroughputView.as_view(), name="api-throughput"),
     path("operator/cluster", operator.ClusterView.as_view(), name="api-operator-cluster"),
@@ -36,5 +37,6 @@ urlpatterns = [
         name="api-operator-device-health",
     ),
     path("operator/queue", operator.OperatorQueueView.as_view(), name="api-operator-queue"),
+    path("operator/utilization", operator.UtilizationView.as_view(), name="api-operator-utilization"),
     path("ingest/jobs/<int:job_id>/telemetry", views.TelemetryIngestView.as_view(), name="api-ingest-telemetry"),
 ]

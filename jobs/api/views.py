@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.permissions import AllowAny
@@ -17,12 +18,13 @@ from controlplane import paging
 from controlplane.parsers import StrictJSONParser, YamlParser
 from controlplane.throttles import PerJobIngestThrottle
 from jobs import services
-from jobs.api.schema import JOB, JOB_FILTER_PARAMETERS, JOB_LIST, JOB_SPEC, query
+from jobs.api.schema import HOURS_PARAMETER, JOB, JOB_FILTER_PARAMETERS, JOB_LIST, JOB_SPEC, query, whole_number
 from jobs.contracts import (
     event_json,
     flavor_pool_json,
     job_json,
     queued_job_json,
+    quota_history_json,
     quota_json,
     throughput_entry_json,
 )
@@ -157,6 +159,18 @@ class QuotaView(APIView):
     def get(self, request: Request) -> Response:
         rows = services.quota_usage(tenant_id=request_tenant_id(request))
         return Response({"quotas": [quota_json(row) for row in rows]})
+
+
+class QuotaHistoryView(APIView):
+    """The tenant's use of each quota resource over the last hours, averaged per bucket (96 of them),
+    against today's nominal share, and what was borrowed beyond it."""
+
+    permission_classes = [RequireScope]
+
+    @extend_schema(parameters=[HOURS_PARAMETER], responses={200: OpenApiResponse(OpenApiTypes.OBJECT)})
+    def get(self, request: Request) -> Response:
+        hours = whole_number(request, "hours", low=1, high=services.MAX_HISTORY_HOURS) or 24
+        return Response(quota_history_json(services.quota_history(tenant_id=request_tenant_id(request), hours=hours)))
 
 
 class QueueView(APIView):

@@ -97,6 +97,9 @@ def test_own_code_from_the_browser_to_a_finished_job_and_only_its_tenant_sees_it
     # The list links to it; then another tenant sees none of it, not even by its address.
     page.goto("/")
     expect(page.locator(f'#jobs tr[data-job="{job_id}"] a')).to_have_attribute("href", f"/jobs/{job_id}")
+    # The quota card charts the last day's use: the job's NAU is in it.
+    expect(page.locator("#chart-quota")).to_have_attribute("data-points", "96", timeout=WAIT_MS)
+    assert float(page.get_attribute("#chart-quota", "data-peak") or "0") > 0
     accessible(page, "jobs")
     shoot(page, screenshots, "jobs")
 
@@ -232,6 +235,10 @@ def test_an_operator_drains_a_node_and_watches_the_job_move_and_resume(
     holder = page.locator(f'.node:has([data-testid=holder][data-job="{job_id}"])')
     expect(holder).to_have_count(1, timeout=WAIT_MS)
     first_node = holder.get_attribute("data-node")
+    # Utilization over the day, per flavor: the running job's flavor has held devices in it.
+    held = page.locator("#utilization figure[data-held]")
+    expect(held.first).to_be_visible(timeout=WAIT_MS)
+    assert any(float(f.get_attribute("data-held") or "0") > 0 for f in held.all())
     accessible(page, "console-cluster")
     shoot(page, screenshots, "console-cluster")
     page.once("dialog", lambda dialog: dialog.accept())

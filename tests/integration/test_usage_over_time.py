@@ -77,3 +77,57 @@ def test_idle_usage_is_held_time_outside_each_runs_reported_steps(db, pool, tena
     # From a later start, only what lies after it counts.
     later = services.idle_usage(acme.id, since=start + timedelta(minutes=40), now=NOW)
     assert [(r.held_s, r.idle_s) for r in later] == [(1200.0 + 1800.0, 600.0 + 1800.0)]
+
+
+def test_quota_and_utilization_history_average_each_bucket(db, pool, tenants):
+    from django.conf import settings
+
+    from jobs.throughput import nau_rates
+    from runtime.inventory import load_pool
+    from tenants.models import Quota
+
+    acme = tenants[0]
+    spec = {"name": "charted", "devices": 1, "flavors": ["ascend-910b"]}
+    job_id = services.submit_job(tenant_id=acme.id, user_id=None, spec=parse_job_spec(spec)).id
+    assert services.admit_queued_jobs() == [job_id]
+    Quota.objects.create(tenant_id=acme.id, resource="ascend-910b", nominal=0)
+    # Four hours in 96 buckets of 150 s: held from 1 h in to 3 h in, trained from 1.5 h in to 2.5 h in.
+    since = NOW - timedelta(hours=4)
+    Allocation.objects.filter(job_id=job_id).update(
+        started_at=since + timedelta(hours=1), ended_at=since + timedelta(hours=3)
+    )
+    for at, step in ((1.5, 1), (2.5, 2)):
+        MetricPoint.objects.create(
+            job_id=job_id, name="loss", step=step, value=1.0, recorded_at=since + timedelta(hours=at)
+        )
+    held = [1.0 if 24 <= i < 72 else 0.0 for i in range(96)]
+    nau = nau_rates(["synthetic-mlp"])[("synthetic-mlp", "ascend-910b")] / 1000
+
+    quota = services.quota_history(tenant_id=acme.id, hours=4, now=NOW)
+    pool_file = load_pool(settings.POLYCHIP_POOL_FILE)
+    assert quota.span.bucket_s == 150.0
+    assert list(quota.in_use["ascend-910b"]) == held
+    assert list(quota.in_use["nau"]) == [round(nau * h, 3) for h in held]
+    assert quota.nominal == {"ascend-910b": 0.0, "nau": 1000.0}
+
+    utilization = services.utilization_history(hours=4, now=NOW)
+    row = next(f for f in utilization.flavors if f.flavor == "ascend-910b")
+    assert row.devices == sum(1 for d in pool_file.devices() if d.flavor == "ascend-910b")
+    assert list(row.allocated) == held
+    assert list(row.training) == [1.0 if 36 <= i < 60 else 0.0 for i in range(96)]
+    assert all(sum(f.allocated) == 0 for f in utilization.flavors if f.flavor != "ascend-910b")
+
+
+def test_the_history_apis_name_a_bad_hours_and_answer_for_the_tenant_only(db, pool, tenants):
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {tenants[0].token}")
+    for bad in ("0", "745", "two"):
+        answer = api.get(f"/api/v1/quotas/history?hours={bad}")
+        assert answer.status_code == 400 and answer.json()["error"]["field"] == "hours", answer.content
+    body = api.get("/api/v1/quotas/history?hours=2").json()
+    assert len(body["buckets"]) == 96 and body["bucket_s"] == 75.0
+    assert [r["resource"] for r in body["resources"]] == ["nau"]
+    assert body["resources"][0]["in_use"] == [0.0] * 96 == body["resources"][0]["borrowed"]
+    assert api.get("/api/v1/operator/utilization").status_code == 403  # a tenant's token is no operator

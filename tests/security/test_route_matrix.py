@@ -95,6 +95,7 @@ MATRIX: dict[str, Expect] = {
     "api/v1/jobs/preview": Expect("collection", {"POST": "read"}),
     "api/v1/pool": Expect("global", {"GET": "read"}),
     "api/v1/quotas": Expect("collection", {"GET": "read"}),
+    "api/v1/quotas/history": Expect("collection", {"GET": "read"}),
     "api/v1/queue": Expect("collection", {"GET": "read"}, owner_sees=True),
     "api/v1/throughput": Expect("global", {"GET": "read"}),
     "api/v1/bundles": Expect("collection", {"GET": "read", "POST": "submit"}, owner_sees=True),
@@ -112,6 +113,7 @@ MATRIX: dict[str, Expect] = {
     "api/v1/operator/nodes/<str:node>/drain": _operator("POST"),
     "api/v1/operator/devices/<path:device_id>/health": _operator("POST"),
     "api/v1/operator/queue": _operator("GET"),
+    "api/v1/operator/utilization": _operator("GET"),
     # tenants: whom a token acts as, and a tenant's own tokens
     "api/v1/me": Expect("collection", {"GET": "read"}),
     "api/v1/tokens": Expect("collection", {"GET": "manage", "POST": "manage"}, owner_sees=True),

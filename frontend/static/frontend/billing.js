@@ -9,7 +9,6 @@
   const days = data.map((d) => Number(d.day.slice(8, 10)));
   const spend = data.map((d) => Number(d.spend));
   const options = {
-    width: Math.max(200, el.clientWidth || 320), height: 220,
     scales: {x: {time: false, range: () => [days[0] - 0.5, days[days.length - 1] + 0.5]}},
     axes: [{label: "day of the month (UTC)", incrs: [1, 2, 5, 7, 10], values: (u, splits) => splits.map((v) => (Number.isInteger(v) ? String(v) : ""))}, {label: "spend"}],
     series: [
@@ -17,10 +16,6 @@
       {label: "spend", stroke: "#3056d3", fill: "rgba(48, 86, 211, 0.35)", width: 1, paths: uPlot.paths.bars({size: [0.7, 40]}), points: {show: false}},
     ],
   };
-  const chart = new uPlot(options, [days, spend], el);
+  window.Polychip.chart(el, options, [days, spend]);
   el.dataset.points = String(days.length);
-  new ResizeObserver(() => {
-    const fits = Math.max(200, el.clientWidth);
-    if (Math.abs(fits - chart.width) > 2) chart.setSize({width: fits, height: 220});
-  }).observe(el);
 })();

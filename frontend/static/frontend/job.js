@@ -125,22 +125,14 @@
 
   const charts = {};
   function chart(id, label, color) {
-    const el = $(id);
-    const width = Math.max(200, el.clientWidth || 320);
     const options = {
-      width, height: 220,
       scales: {x: {time: false}},
       axes: [{label: "step"}, {}],
       series: [{label: "step"}, {label, stroke: color, width: 2, points: {show: false}}],
       legend: {show: true},
     };
-    charts[id] = new uPlot(options, [[], []], el);
-    el.dataset.points = "0";
-    // The chart follows its box: a phone held upright, a window made narrower.
-    new ResizeObserver(() => {
-      const fits = Math.max(200, el.clientWidth);
-      if (Math.abs(fits - charts[id].width) > 2) charts[id].setSize({width: fits, height: 220});
-    }).observe(el);
+    charts[id] = P.chart($(id), options, [[], []]);
+    $(id).dataset.points = "0";
   }
 
   // What each chart draws, step -> value: the series as read (downsampled to at most CHART_POINTS),

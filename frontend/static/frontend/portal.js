@@ -100,6 +100,20 @@
     connect();
   }
 
+  // A uPlot chart (the page loads uPlot) that follows its box's width: a phone held upright, a window
+  // made narrower. `options` are uPlot's, less the size.
+  function chart(el, options, data, height = 220) {
+    const plot = new uPlot({...options, width: Math.max(200, el.clientWidth || 320), height}, data, el);
+    new ResizeObserver(() => {
+      const fits = Math.max(200, el.clientWidth);
+      if (Math.abs(fits - plot.width) > 2) plot.setSize({width: fits, height});
+    }).observe(el);
+    return plot;
+  }
+
+  // Epoch seconds of ISO 8601 times, for a time axis.
+  const epochSeconds = (times) => times.map((t) => Date.parse(t) / 1000);
+
   const TERMINAL = ["succeeded", "failed", "cancelled"];
-  window.Polychip = {api, ApiError, escapeHtml, text, fmtNumber, fmtBytes, fmtTime, announce, currentDevices, deviceChips, jobSocket, TERMINAL};
+  window.Polychip = {api, ApiError, escapeHtml, text, fmtNumber, fmtBytes, fmtTime, announce, currentDevices, deviceChips, jobSocket, chart, epochSeconds, TERMINAL};
 })();
