@@ -6,6 +6,7 @@ from jobs import services
 from jobs.models import (
     Allocation,
     Device,
+    DeviceEvent,
     DeviceHealth,
     Flavor,
     JobEvent,
@@ -147,6 +148,25 @@ class TrainingJobAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs come in through the API, which validates the spec
+
+
+@admin.register(DeviceEvent)
+class DeviceEventAdmin(admin.ModelAdmin):
+    """The devices' health history: written by the services that change health, read-only here."""
+
+    list_display = ("created_at", "device", "kind", "from_health", "to_health", "score", "by")
+    list_filter = ("kind", "to_health")
+    search_fields = ("device__device_id", "by")
+    readonly_fields = [f.name for f in DeviceEvent._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
 
 
 @admin.register(ThroughputEntry)

@@ -205,6 +205,37 @@ class MetricPointView:
 
 
 @dataclass(frozen=True)
+class DeviceEventView:
+    """One change of a device's health, or one alert of the failure predictor about it."""
+
+    id: int
+    device_id: str
+    node: str
+    flavor: str
+    kind: str
+    from_health: str
+    to_health: str
+    by: str
+    score: float | None
+    created_at: datetime
+
+
+def device_event_json(event: DeviceEventView) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "device_id": event.device_id,
+        "node": event.node,
+        "flavor": event.flavor,
+        "kind": event.kind,
+        "from_health": event.from_health or None,
+        "to_health": event.to_health or None,
+        "by": event.by,
+        "score": event.score,
+        "created_at": event.created_at.isoformat(),
+    }
+
+
+@dataclass(frozen=True)
 class UsageBuckets:
     """A stretch of time cut into equal buckets (``jobs.history.BUCKETS`` of them)."""
 

@@ -8,7 +8,7 @@ import logging
 from django.utils import timezone
 
 from jobs.errors import UnknownDevices
-from jobs.models import Allocation, Device, DeviceHealth, JobState
+from jobs.models import Allocation, Device, DeviceEvent, DeviceHealth, JobState
 from jobs.pool import SCHEDULABLE, set_device_health
 from jobs.predictor import load_predictor
 from jobs.recovery import request_move
@@ -28,8 +28,8 @@ def drain_node(node: str, *, by: str = "") -> list[int]:
     ids = list(Device.objects.filter(node__name=node).values_list("device_id", flat=True))
     if not ids:
         raise UnknownDevices(f"node: no such node {node!r} (or it has no devices)")
-    who = f" by {by}" if by else ""
-    return drain(ids, f"node {node} drained{who}", by=by or "drain")
+    reason = f"node {node} drained{f' by {by}' if by else ''}"
+    return drain(ids, reason, by=reason)
 
 
 def drain_device(device_id: str, *, reason: str) -> list[int]:
@@ -66,6 +66,13 @@ def score_devices() -> list[str]:
         Device.objects.filter(pk=device.pk).update(
             failure_score=score, scored_at=timezone.now(), alert_streak=streak, unscored_rows=0
         )
+        if streak:
+            DeviceEvent.objects.create(
+                device_id=device.pk,
+                kind=DeviceEvent.Kind.ALERT,
+                score=score,
+                by=f"failure predicted within {predictor.horizon_min} min ({streak} of {ALERT_STREAK} to drain)",
+            )
         if streak >= ALERT_STREAK:
             drain_device(
                 device.device_id,

@@ -298,6 +298,37 @@ class JobEvent(models.Model):
         raise AppendOnlyError("job events are append-only")
 
 
+class DeviceEvent(models.Model):
+    """A device's health history, append-only: each change of its health (who or what made it) and each
+    failure-predictor score at or above the threshold (an alert; a few in a row drain the device)."""
+
+    class Kind(models.TextChoices):
+        HEALTH = "health"
+        ALERT = "alert"
+
+    device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="events")
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    from_health = models.CharField(max_length=16, blank=True)
+    to_health = models.CharField(max_length=16, blank=True)
+    by = models.CharField(max_length=300, blank=True)  # an operator's name, "recovery", a predictor's reason
+    score = models.FloatField(null=True, blank=True)  # an alert's failure score
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.device_id}: {self.kind} {self.from_health}->{self.to_health} {self.by}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise AppendOnlyError("device events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("device events are append-only")
+
+
 class Allocation(models.Model):
     """A device held by a job from ``started_at`` until ``ended_at`` (open while null)."""
 

@@ -15,6 +15,7 @@ from jobs.models import (
     TERMINAL_STATES,
     Allocation,
     Device,
+    DeviceEvent,
     DeviceHealth,
     Flavor,
     JobAttempt,
@@ -125,10 +126,12 @@ def set_device_health(device_ids: Iterable[str], health: DeviceHealth | str, *, 
         raise UnknownDevices(f"device_ids: no such device {missing[0]!r}")
     # A device that changes health starts its failure prediction afresh: an operator who returns it
     # has dealt with what the old readings showed.
-    changed = (
-        Device.objects.filter(device_id__in=ids)
-        .exclude(health=state)
-        .update(health=state, alert_streak=0, health_readings=[], unscored_rows=0, failure_score=None)
+    moving = Device.objects.filter(device_id__in=ids).exclude(health=state)
+    before = list(moving.values_list("pk", "health"))
+    changed = moving.update(health=state, alert_streak=0, health_readings=[], unscored_rows=0, failure_score=None)
+    DeviceEvent.objects.bulk_create(
+        DeviceEvent(device_id=pk, kind=DeviceEvent.Kind.HEALTH, from_health=old, to_health=state, by=by[:300])
+        for pk, old in before
     )
     if changed:
         log.info("%d device(s) set %s%s", changed, state, f" by {by}" if by else "")

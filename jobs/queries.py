@@ -22,6 +22,7 @@ from controlplane import paging
 from controlplane.domain import Invalid
 from jobs.contracts import (
     DeviceCellView,
+    DeviceEventView,
     DeviceView,
     EventView,
     FlavorPoolView,
@@ -32,7 +33,18 @@ from jobs.contracts import (
     WaitingJobView,
 )
 from jobs.errors import JobNotFound
-from jobs.models import Allocation, Device, DeviceHealth, Flavor, JobAttempt, JobEvent, JobState, Node, TrainingJob
+from jobs.models import (
+    Allocation,
+    Device,
+    DeviceEvent,
+    DeviceHealth,
+    Flavor,
+    JobAttempt,
+    JobEvent,
+    JobState,
+    Node,
+    TrainingJob,
+)
 from jobs.snapshot import holding_jobs, tenant_quotas
 from jobs.throughput import throughput_matrix
 from runtime.recovery.advisor import advise, job_mtbf_s
@@ -316,6 +328,26 @@ def recent_events(*, after_id: int, window_s: float, limit: int = 500) -> list[E
     since = timezone.now() - timedelta(seconds=window_s)
     events = JobEvent.objects.filter(Q(pk__gt=after_id) | Q(created_at__gte=since)).order_by("pk")[:limit]
     return [event_view(e) for e in events]
+
+
+def device_events(*, device_id: str | None = None, limit: int = 200) -> list[DeviceEventView]:
+    """Devices' health changes and predictor alerts, newest first (one device's with ``device_id``)."""
+    events = DeviceEvent.objects.order_by("-pk")
+    if device_id is not None:
+        events = events.filter(device__device_id=device_id)
+    rows = events.values_list(
+        "pk",
+        "device__device_id",
+        "device__node__name",
+        "device__flavor__name",
+        "kind",
+        "from_health",
+        "to_health",
+        "by",
+        "score",
+        "created_at",
+    )[:limit]
+    return [DeviceEventView(*row) for row in rows]
 
 
 def latest_event_id() -> int:

@@ -73,6 +73,7 @@ from jobs.queries import MAX_NAME_FILTER as MAX_NAME_FILTER
 from jobs.queries import STATES_PATTERN as STATES_PATTERN
 from jobs.queries import JobFilter as JobFilter
 from jobs.queries import cluster_map as cluster_map
+from jobs.queries import device_events as device_events
 from jobs.queries import get_job as get_job
 from jobs.queries import job_filter as job_filter
 from jobs.queries import job_states as job_states
@@ -125,6 +126,7 @@ __all__ = [
     "checkpoint_download",
     "cluster_map",
     "cycle_listeners",
+    "device_events",
     "drain_device",
     "drain_node",
     "finish_job",

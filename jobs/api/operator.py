@@ -14,13 +14,23 @@ from rest_framework.views import APIView
 from controlplane.domain import Invalid
 from controlplane.parsers import StrictJSONParser
 from jobs import services
-from jobs.api.schema import HOURS_PARAMETER, whole_number
-from jobs.contracts import flavor_pool_json, node_json, quota_json, utilization_json, waiting_job_json
+from jobs.api.schema import HOURS_PARAMETER, query, whole, whole_number
+from jobs.contracts import (
+    device_event_json,
+    flavor_pool_json,
+    node_json,
+    quota_json,
+    utilization_json,
+    waiting_job_json,
+)
 from tenants import services as tenants
 from tenants.permissions import IsOperator
 
 # What an operator may set a device to by hand; draining is its own action (it also moves the jobs).
 OPERATOR_HEALTH = ("healthy", "degraded", "cordoned", "failed")
+
+
+MAX_DEVICE_EVENTS = 1000
 
 
 class _OperatorView(APIView):
@@ -112,3 +122,23 @@ class UtilizationView(_OperatorView):
     def get(self, request: Request) -> Response:
         hours = whole_number(request, "hours", low=1, high=services.MAX_HISTORY_HOURS) or 24
         return Response(utilization_json(services.utilization_history(hours=hours)))
+
+
+class DeviceEventsView(_OperatorView):
+    @extend_schema(
+        summary="Devices' health changes and the failure predictor's alerts, newest first",
+        parameters=[
+            query("device", description="One device's history (its id, as on the cluster map)."),
+            query(
+                "limit",
+                whole(1, MAX_DEVICE_EVENTS),
+                f"How many, newest first (200 unless asked; at most {MAX_DEVICE_EVENTS}).",
+            ),
+        ],
+        responses={200: OpenApiResponse(OpenApiTypes.OBJECT)},
+    )
+    def get(self, request: Request) -> Response:
+        limit = whole_number(request, "limit", low=1, high=MAX_DEVICE_EVENTS) or 200
+        device = request.query_params.get("device") or None
+        events = services.device_events(device_id=device, limit=limit)
+        return Response({"events": [device_event_json(e) for e in events]})

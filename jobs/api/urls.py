@@ -38,5 +38,6 @@ urlpatterns = [
     ),
     path("operator/queue", operator.OperatorQueueView.as_view(), name="api-operator-queue"),
     path("operator/utilization", operator.UtilizationView.as_view(), name="api-operator-utilization"),
+    path("operator/device-events", operator.DeviceEventsView.as_view(), name="api-operator-device-events"),
     path("ingest/jobs/<int:job_id>/telemetry", views.TelemetryIngestView.as_view(), name="api-ingest-telemetry"),
 ]

@@ -258,6 +258,14 @@ def test_an_operator_drains_a_node_and_watches_the_job_move_and_resume(
     ).click()
     expect(page.locator("#announce")).to_contain_text("is now healthy", timeout=WAIT_MS)
     expect(drained.first).to_have_attribute("data-health", "healthy", timeout=WAIT_MS)
+    # Both changes are in the device's health history, newest first, with who made them.
+    returned = drained.first.get_attribute("data-device")
+    history = page.locator(f'#device-events tr[data-device="{returned}"]')
+    expect(history).to_have_count(2, timeout=WAIT_MS)
+    expect(history.nth(0)).to_contain_text("cordoned → healthy")
+    expect(history.nth(0)).to_contain_text("operator")
+    expect(history.nth(1)).to_contain_text("healthy → cordoned")
+    expect(history.nth(1)).to_contain_text(f"node {first_node} drained by operator")
 
     page.get_by_role("link", name="Queue").click()
     expect(page.locator(f'#queue tr[data-job="{waiting}"]')).to_contain_text("acme", timeout=WAIT_MS)

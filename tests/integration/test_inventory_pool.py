@@ -70,6 +70,14 @@ def test_cordon_service_and_api_health_counts(pool, tenants):
     with pytest.raises(services.UnknownDevices, match="device_ids: no such device 'nope'"):
         services.set_device_health(["npu-910b-0/3", "nope"], DeviceHealth.FAILED)
     assert Device.objects.get(device_id="npu-910b-0/3").health == DeviceHealth.HEALTHY  # nothing changed
+    # Each change is in the history, newest first, once (the second cordon changed nothing).
+    history = [(e.device_id, e.from_health, e.to_health, e.by) for e in services.device_events()]
+    assert history == [
+        ("npu-910b-0/2", "healthy", "degraded", ""),
+        ("npu-910b-0/1", "healthy", "failed", ""),
+        ("gpu-h100-0/0", "healthy", "cordoned", "op"),
+    ]
+    assert [e.device_id for e in services.device_events(device_id="npu-910b-0/1")] == ["npu-910b-0/1"]
     with pytest.raises(ValueError, match="health: 'broken' is not one of"):
         services.set_device_health(["npu-910b-0/3"], "broken")
 

@@ -249,6 +249,12 @@ def test_a_device_predicted_to_fail_is_drained_after_its_job_checkpoints(api_for
     wait_until(lambda: any(m.startswith(drained) for m in _messages(job_id)), timeout_s=60, what="the prediction")
     wait_until(lambda: TrainingJob.objects.get(pk=job_id).attempt >= 1, timeout_s=60, what="the move")
     assert Device.objects.get(pk=device.pk).health == DeviceHealth.CORDONED
+    # Its history: the alerts that led to the drain (scores at or above the threshold), then the cordon.
+    history = services.device_events(device_id=device.device_id)
+    assert [e.kind for e in history][:1] == ["health"] and history[0].to_health == "cordoned"
+    assert history[0].by.startswith("failure predicted within")
+    alerts = [e for e in history[1:] if e.kind == "alert"]
+    assert len(alerts) >= 3 and all(e.score is not None for e in alerts)
     job = TrainingJob.objects.get(pk=job_id)
     assert job.restarts == 0  # moved after a checkpoint, before the device died: no failure to recover from
     assert device.pk not in set(job.allocations.filter(ended_at__isnull=True).values_list("device_id", flat=True))

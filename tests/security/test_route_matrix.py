@@ -114,6 +114,7 @@ MATRIX: dict[str, Expect] = {
     "api/v1/operator/devices/<path:device_id>/health": _operator("POST"),
     "api/v1/operator/queue": _operator("GET"),
     "api/v1/operator/utilization": _operator("GET"),
+    "api/v1/operator/device-events": _operator("GET"),
     # tenants: whom a token acts as, and a tenant's own tokens
     "api/v1/me": Expect("collection", {"GET": "read"}),
     "api/v1/tokens": Expect("collection", {"GET": "manage", "POST": "manage"}, owner_sees=True),

@@ -56,6 +56,25 @@
     } catch (error) { failed(error); }
   }
 
+  // --- devices' health history -------------------------------------------------------------------
+
+  function drawDeviceEvents(body) {
+    $("device-events").tBodies[0].innerHTML = body.events.map((e) => {
+      const what = e.kind === "alert"
+        ? `<span class="chip alert">alert</span> failure score ${(e.score * 100).toFixed(0)}%`
+        : `${P.escapeHtml(e.from_health)} → <strong>${P.escapeHtml(e.to_health)}</strong>`;
+      return `<tr data-event="${e.id}" data-device="${P.escapeHtml(e.device_id)}" data-kind="${e.kind}"><td>${P.fmtTime(e.created_at)}</td>`
+        + `<td>${P.escapeHtml(e.device_id)}</td><td>${P.escapeHtml(e.flavor)}</td><td>${what}</td><td>${P.escapeHtml(e.by)}</td></tr>`;
+    }).join("") || `<tr><td colspan="5" class="muted">No health change or alert yet.</td></tr>`;
+  }
+
+  let eventsDrawn = "";
+  async function refreshDeviceEvents() {
+    const body = await P.api("/api/v1/operator/device-events?limit=50");
+    const seen = JSON.stringify(body);
+    if (seen !== eventsDrawn) { drawDeviceEvents(body); eventsDrawn = seen; }
+  }
+
   // --- the queue and the cohorts ------------------------------------------------------------------
 
   const amount = (v) => (v === null || v === undefined ? "none" : Number(v).toFixed(3).replace(/\.?0+$/, ""));
@@ -98,7 +117,7 @@
     }
   });
 
-  const refresh = $("nodes") ? refreshCluster : refreshQueue;
+  const refresh = $("nodes") ? () => Promise.all([refreshCluster(), refreshDeviceEvents().catch(failed)]) : refreshQueue;
   refresh();
   setInterval(refresh, REFRESH_MS);
 })();
