@@ -205,6 +205,67 @@ class MetricPointView:
 
 
 @dataclass(frozen=True)
+class HolderOutlook:
+    """A job that holds devices a waiting job wants: its id when it is the same tenant's, how many it
+    holds, and when it should end (None: no estimate yet)."""
+
+    job_id: int | None
+    devices: int
+    expected_end: datetime | None
+
+
+@dataclass(frozen=True)
+class StartFlavorOutlook:
+    flavor: str
+    in_service: int  # healthy or degraded
+    free: int
+    lacking: int
+    never: bool  # it asks for more than the flavor has in service
+    expected_at: datetime | None  # when enough should be free (now when nothing lacks; None: unknown)
+    holders: tuple[HolderOutlook, ...]
+
+
+@dataclass(frozen=True)
+class StartOutlookView:
+    """What would let a waiting job start (``jobs.outlook``)."""
+
+    job_id: int
+    waiting: bool
+    reason: str
+    position: int | None
+    flavors: tuple[StartFlavorOutlook, ...] = ()
+    quota_blocked: bool = False
+    own_running: tuple[HolderOutlook, ...] = ()
+
+
+def _holder_json(h: HolderOutlook) -> dict[str, Any]:
+    return {"job_id": h.job_id, "devices": h.devices, "expected_end": _time(h.expected_end)}
+
+
+def start_outlook_json(o: StartOutlookView) -> dict[str, Any]:
+    return {
+        "job_id": o.job_id,
+        "waiting": o.waiting,
+        "reason": o.reason,
+        "position": o.position,
+        "flavors": [
+            {
+                "flavor": f.flavor,
+                "in_service": f.in_service,
+                "free": f.free,
+                "lacking": f.lacking,
+                "never": f.never,
+                "expected_at": _time(f.expected_at),
+                "holders": [_holder_json(h) for h in f.holders],
+            }
+            for f in o.flavors
+        ],
+        "quota_blocked": o.quota_blocked,
+        "own_running": [_holder_json(h) for h in o.own_running],
+    }
+
+
+@dataclass(frozen=True)
 class DeviceEventView:
     """One change of a device's health, or one alert of the failure predictor about it."""
 

@@ -65,6 +65,7 @@ from jobs.metrics import metric_points_after as metric_points_after
 from jobs.metrics import metric_series as metric_series
 from jobs.metrics import record_points as record_metric_points
 from jobs.models import JobState
+from jobs.outlook import start_outlook as start_outlook
 from jobs.pool import known_flavors as known_flavors
 from jobs.pool import pool_fabric as pool_fabric
 from jobs.pool import set_device_health as set_device_health
@@ -173,6 +174,7 @@ __all__ = [
     "set_device_health",
     "shrunk_job_ids",
     "stale_admitted_job_ids",
+    "start_outlook",
     "store_benchmarks",
     "store_bundle",
     "submit_job",

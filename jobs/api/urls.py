@@ -13,6 +13,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/wait", actions.JobWaitView.as_view(), name="api-job-wait"),
     path("jobs/<int:job_id>/events", views.JobEventsView.as_view(), name="api-job-events"),
     path("jobs/<int:job_id>/usage", views.JobUsageView.as_view(), name="api-job-usage"),
+    path("jobs/<int:job_id>/outlook", views.JobOutlookView.as_view(), name="api-job-outlook"),
     path("jobs/<int:job_id>/logs", logs.JobLogsView.as_view(), name="api-job-logs"),
     path("jobs/<int:job_id>/metrics", artifacts.JobMetricsView.as_view(), name="api-job-metrics"),
     path("jobs/<int:job_id>/checkpoints", artifacts.JobCheckpointsView.as_view(), name="api-job-checkpoints"),

@@ -26,6 +26,7 @@ from jobs.contracts import (
     queued_job_json,
     quota_history_json,
     quota_json,
+    start_outlook_json,
     throughput_entry_json,
 )
 from jobs.telemetry import parse_events
@@ -91,6 +92,18 @@ class JobEventsView(APIView):
         tenant_id = request_tenant_id(request)
         events = services.list_events(tenant_id=tenant_id, job_id=job_id, after=page.after, limit=page.limit + 1)
         return paging.page_response(request, "events", events, page, row_id=lambda e: e.id, render=event_json)
+
+
+class JobOutlookView(APIView):
+    """What would let a waiting job start: per flavor it accepts, the devices it lacks and when the jobs
+    holding them should end (from their steps left and speed); for a quota wait, the tenant's running
+    jobs and when each ends. Estimates; ``waiting`` is false once the job is no longer queued."""
+
+    permission_classes = [RequireScope]
+
+    @extend_schema(responses={200: OpenApiResponse(OpenApiTypes.OBJECT)})
+    def get(self, request: Request, job_id: int) -> Response:
+        return Response(start_outlook_json(services.start_outlook(tenant_id=request_tenant_id(request), job_id=job_id)))
 
 
 class JobUsageView(APIView):

@@ -157,6 +157,10 @@ def test_a_waiting_job_says_why_and_where_and_the_tenant_can_change_its_priority
     page.goto(f"/jobs/{job['id']}")
     expect(page.get_by_test_id("state")).to_have_text("queued")
     expect(page.locator("#reason")).to_contain_text("#1 in your queue", timeout=WAIT_MS)
+    # What would let it start: it asks for more a100s than the pool has in service.
+    expect(page.locator('#outlook li[data-flavor="a100-sxm"]')).to_contain_text("more than the 2 in service")
+    accessible(page, "a waiting job")
+    shoot(page, screenshots, "job-waiting")
     page.fill("#priority", "5")
     page.get_by_role("button", name="Set priority").click()
     expect(page.locator("#announce")).to_have_text("priority set to 5", timeout=WAIT_MS)

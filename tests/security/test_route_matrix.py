@@ -87,6 +87,7 @@ MATRIX: dict[str, Expect] = {
     "api/v1/jobs/<int:job_id>/wait": Expect("object", {"GET": "read"}, owner_sees=True),
     "api/v1/jobs/<int:job_id>/events": Expect("object", {"GET": "read"}),
     "api/v1/jobs/<int:job_id>/usage": Expect("object", {"GET": "read"}),
+    "api/v1/jobs/<int:job_id>/outlook": Expect("object", {"GET": "read"}),
     "api/v1/jobs/<int:job_id>/logs": Expect("object", {"GET": "read"}),
     "api/v1/jobs/<int:job_id>/metrics": Expect("object", {"GET": "read"}),
     "api/v1/jobs/<int:job_id>/checkpoints": Expect("object", {"GET": "read"}),

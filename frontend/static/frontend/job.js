@@ -306,6 +306,42 @@
     }
   }
 
+  // --- what would let a waiting job start ---------------------------------------------------------
+
+  function until(iso) {
+    if (!iso) return "no estimate yet";
+    const minutes = Math.max(0, Math.round((Date.parse(iso) - Date.now()) / 60000));
+    return `about ${new Date(iso).toLocaleTimeString([], {hour: "2-digit", minute: "2-digit"})} (in ${minutes < 90 ? `${minutes} min` : `${(minutes / 60).toFixed(1)} h`})`;
+  }
+  const holder = (h) => `${h.job_id ? `<a href="/jobs/${h.job_id}">your job #${h.job_id}</a>` : "another tenant's job"}, ${h.devices} device(s): ends ${h.expected_end ? until(h.expected_end) : "at no estimate yet (no speed reported)"}`;
+
+  function renderOutlook(o) {
+    $("outlook-card").hidden = !o.waiting;
+    if (!o.waiting) return;
+    const items = o.flavors.map((f) => {
+      let when;
+      if (f.never) when = `it asks for more than the ${f.in_service} in service: never, unless devices are added or it allows more flavors`;
+      else if (!f.lacking) when = "enough are free now: it starts at the next admission cycle, unless quota or jobs ahead take them";
+      else when = `lacks ${f.lacking}; enough should be free by ${f.expected_at ? until(f.expected_at) : "a time that cannot be estimated yet"}`;
+      const holders = f.holders.length ? `<ul>${f.holders.map((h) => `<li>${holder(h)}</li>`).join("")}</ul>` : "";
+      return `<li data-flavor="${P.escapeHtml(f.flavor)}"><strong>${P.escapeHtml(f.flavor)}</strong>: ${f.free} of ${f.in_service} free; ${when}${holders}</li>`;
+    });
+    let quota = "";
+    if (o.quota_blocked) {
+      const own = o.own_running.map((h) => `<li>${holder(h)}</li>`).join("");
+      quota = `<p data-testid="outlook-quota">Your quota is what holds it: it starts when your running jobs give back their share${own ? "" : " (none runs now)"}, or when an operator raises the quota.</p>${own ? `<ul>${own}</ul>` : ""}`;
+    }
+    $("outlook").innerHTML = `${quota}<ul class="outlook">${items.join("")}</ul>`;
+  }
+
+  let outlookTimer = null;
+  function loadOutlook() {
+    clearTimeout(outlookTimer);
+    if (job.state !== "queued") { $("outlook-card").hidden = true; return; }
+    P.api(`${base}/outlook`).then(renderOutlook).catch((error) => { $("outlook").textContent = `Outlook unavailable: ${error.message}`; })
+      .finally(() => { if (job.state === "queued") outlookTimer = setTimeout(loadOutlook, 15000); });
+  }
+
   // --- timeline ---------------------------------------------------------------------------------
 
   const seen = new Set();
@@ -347,6 +383,7 @@
       job = changed;
       renderAll();
       if (event) addEvent(event);
+      loadOutlook();
       if (was !== job.state) {
         P.announce(`job ${jobId} is ${job.state}`);
         if (["running", "recovering"].includes(job.state) || !running()) { pollMetrics(); loadCost(); loadCheckpoints(); }
@@ -362,6 +399,7 @@
   chart("chart-loss", "loss", "#3056d3");
   chart("chart-speed", "samples/s", "#0f9d58");
   renderAll();
+  loadOutlook();
   pollMetrics();
   readLogs();
   loadCheckpoints();
