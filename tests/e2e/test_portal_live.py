@@ -74,6 +74,21 @@ def test_a_signed_in_user_sees_their_jobs_change_live(
         assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled", cancelled.text
         expect(row(page, job_id).get_by_test_id("state")).to_have_text("cancelled", timeout=WAIT_MS)
 
+        # A job that starts takes a device and quota: the pool and quota cards follow, without a reload.
+        small = {"name": "e2e-small", "devices": 1, "flavors": ["h100-sxm"], "workload": {"steps": 100_000}}
+        started = acme_api.post("/api/v1/jobs", small).json()["id"]
+        expect(row(page, started).get_by_test_id("state")).to_have_text(re.compile("admitted|running"), timeout=WAIT_MS)
+        expect(page.locator('table.pool tr[data-flavor="h100-sxm"] [data-cell="allocated"]')).to_have_text(
+            "1", timeout=WAIT_MS
+        )
+        expect(page.locator('#quotas tr[data-resource="nau"] [data-cell="in-use"]')).not_to_have_text(
+            "0 / 1000 NAU", timeout=WAIT_MS
+        )
+        acme_api.post(f"/api/v1/jobs/{started}/cancel")
+        expect(page.locator('table.pool tr[data-flavor="h100-sxm"] [data-cell="allocated"]')).to_have_text(
+            "0", timeout=WAIT_MS
+        )
+
         assert page.evaluate("window.__marker") == 1, "the page reloaded"
         assert page.url == url
         expect(row(page, existing_id).get_by_test_id("state")).to_have_text("queued")

@@ -219,9 +219,43 @@
   let newestShown = initial.reduce((most, job) => Math.max(most, job.id), 0);
   for (const job of initial.slice().reverse()) render(job, {initial: true});
 
+  // The quota and pool cards follow what jobs do: read again from the API after a change (at most
+  // once a second) and every 30 s, so they never go stale until a reload.
+  const fmtAmount = (v) => String(Math.round(v * 1000) / 1000);
+  function setCell(row, name, value) {
+    const cell = row && row.querySelector(`[data-cell="${name}"]`);
+    if (cell && cell.textContent !== value) cell.textContent = value;
+  }
+  async function refreshCards() {
+    const [quotas, pool] = await Promise.all([window.Polychip.api("/api/v1/quotas"), window.Polychip.api("/api/v1/pool")]);
+    for (const q of quotas.quotas) {
+      const row = document.querySelector(`#quotas tr[data-resource="${CSS.escape(q.resource)}"]`);
+      if (!row) continue;
+      setCell(row, "in-use", `${fmtAmount(q.in_use)} / ${fmtAmount(q.nominal)} ${q.unit}`);
+      setCell(row, "cohort-can-lend", q.cohort ? `${fmtAmount(q.cohort_can_lend)} (${q.cohort})` : "–");
+      const scale = Math.max(q.nominal, q.in_use) || 1;
+      row.querySelector(".quota-bar .own").style.width = `${(100 * Math.min(q.in_use, q.nominal)) / scale}%`;
+      row.querySelector(".quota-bar .borrowed").style.width = `${(100 * q.borrowed) / scale}%`;
+      row.querySelector(".quota-bar .nominal-mark").style.left = `${(100 * q.nominal) / scale}%`;
+    }
+    for (const f of pool.flavors) {
+      const row = document.querySelector(`table.pool tr[data-flavor="${CSS.escape(f.flavor)}"]`);
+      setCell(row, "healthy", `${f.devices.healthy} / ${f.devices.total}`);
+      for (const state of ["degraded", "cordoned", "failed"]) setCell(row, state, String(f.health[state] || 0));
+      setCell(row, "allocated", String(f.devices.allocated));
+    }
+  }
+  let cardsTimer = null;
+  function cardsSoon() {
+    if (cardsTimer) return;
+    // A failed read leaves the cards as they were; the next change or the 30 s timer reads again.
+    cardsTimer = setTimeout(() => { cardsTimer = null; refreshCards().catch(() => {}); }, 1000);
+  }
+  setInterval(cardsSoon, 30000);
+
   window.Polychip.jobSocket({
     status: live,
-    onEvent: (job, event) => { if (event) addEvents(job.id, [event]); render(job); },
+    onEvent: (job, event) => { if (event) addEvents(job.id, [event]); render(job); if (event && event.kind === "transition") cardsSoon(); },
     onSnapshot: (snapshot) => { for (const job of snapshot.slice().reverse()) render(job); },
   });
 })();
