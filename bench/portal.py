@@ -56,7 +56,7 @@ CHROMIUM = "/usr/bin/chromium"
 AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"  # from npm (make install)
 # Every page, by who may see it ("{job}": a job's id); the jobs list last, where the latency trials run.
 TENANT_PAGES = ("/jobs/{job}", "/submit/", "/billing/", "/tokens/", "/")
-OPERATOR_PAGES = ("/console/", "/console/queue/", "/console/tenants/")
+OPERATOR_PAGES = ("/console/", "/console/queue/", "/console/tenants/", "/console/prices/")
 AXE_RUN = "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
 PASSWORD = "pw-123456789"  # bench/api.py's seeded user
 # In the page: the moment (its clock, this host's) the job's row first shows "cancelled".

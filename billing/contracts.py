@@ -145,3 +145,21 @@ class Reconciliation:
     @property
     def balanced(self) -> bool:
         return not self.differences
+
+
+@dataclass(frozen=True)
+class PriceView:
+    resource: str  # a flavor (per device-hour) or "nau" (per NAU-hour)
+    per_hour: Decimal
+    effective_from: date  # from 00:00 UTC of this day
+
+
+@dataclass(frozen=True)
+class PriceBookView:
+    id: int
+    name: str
+    currency: str
+    is_default: bool
+    description: str
+    prices: tuple[PriceView, ...]  # the whole schedule, by resource, oldest first
+    tenants: tuple[str, ...]  # the slugs of the tenants billed by it (the default book's: those without one)

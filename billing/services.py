@@ -23,7 +23,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
-from billing import crashpoints, rating
+from billing import crashpoints, price_books, rating
 from billing.contracts import (
     BudgetStatus,
     FlavorUsage,
@@ -32,6 +32,7 @@ from billing.contracts import (
     InvoiceView,
     LedgerEntryView,
     OpenUsage,
+    PriceBookView,
     Reconciliation,
     ReconciliationRow,
     UsageInterval,
@@ -49,6 +50,12 @@ from billing.models import (
     UsageRecord,
     invoice_number,
 )
+from billing.price_books import PriceBookInvalid as PriceBookInvalid
+from billing.price_books import PriceBookNotFound as PriceBookNotFound
+from billing.price_books import assign_price_book as assign_price_book
+from billing.price_books import create_price_book as create_price_book
+from billing.price_books import get_price_book as get_price_book
+from billing.price_books import schedule_price as schedule_price
 from billing.rating import RatingError as RatingError  # raised by pricing (a flavor without a price); public here
 from billing.usage_sources import UsageSource as UsageSource
 from billing.usage_sources import allocated_ms as allocated_ms
@@ -391,6 +398,12 @@ def default_price_book() -> PriceBook:
     if book is None:
         raise BillingConflict("no default price book: mark one as default in the admin (Billing > Price books)")
     return book
+
+
+def list_price_books() -> list[PriceBookView]:
+    """Every price book, the default first (the standard one is made if none is there yet)."""
+    default_price_book()
+    return price_books.list_price_books()
 
 
 def _book_model(tenant_id: int) -> PriceBook:

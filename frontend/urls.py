@@ -11,6 +11,7 @@ urlpatterns = [
     path("console/", views.console_cluster, name="console-cluster"),
     path("console/queue/", views.console_queue, name="console-queue"),
     path("console/tenants/", views.console_tenants, name="console-tenants"),
+    path("console/prices/", views.console_prices, name="console-prices"),
     path("billing/", views.billing_page, name="portal-billing"),
     path("billing/invoices/<int:invoice_id>", views.invoice_page, name="portal-invoice"),
     path("login/", auth_views.LoginView.as_view(), name="login"),

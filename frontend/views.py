@@ -130,6 +130,12 @@ def console_queue(request: HttpRequest) -> HttpResponse:
 
 
 @staff_member_required(login_url="login")
+def console_prices(request: HttpRequest) -> HttpResponse:
+    context = {"tenant": tenants.tenant_for_user(request.user), "flavors": sorted(jobs.known_flavors())}
+    return render(request, "frontend/console_prices.html", context)
+
+
+@staff_member_required(login_url="login")
 def console_tenants(request: HttpRequest) -> HttpResponse:
     return render(request, "frontend/console_tenants.html", {"tenant": tenants.tenant_for_user(request.user)})
 

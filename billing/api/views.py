@@ -191,7 +191,7 @@ class InvoiceDetailView(_BillingView):
 # --- operators -------------------------------------------------------------------------------------
 
 
-def _body(data: Any, *, allowed: Sequence[str], required: Sequence[str] = ()) -> Mapping[str, Any]:
+def json_body(data: Any, *, allowed: Sequence[str], required: Sequence[str] = ()) -> Mapping[str, Any]:
     if not isinstance(data, Mapping):
         raise BadParameter("body", f"must be a JSON object, got {type(data).__name__}")
     for key in data:
@@ -203,15 +203,15 @@ def _body(data: Any, *, allowed: Sequence[str], required: Sequence[str] = ()) ->
     return data
 
 
-class _OperatorView(_BillingView):
+class OperatorView(_BillingView):
     permission_classes = [IsOperator]
 
 
-class InvoiceRunView(_OperatorView):
+class InvoiceRunView(OperatorView):
     """Draft (or, with ``finalize``, bill) a period's invoice for every tenant with something to bill."""
 
     def post(self, request: Request) -> Response:
-        body = _body(request.data, allowed=("period", "finalize"), required=("period",))
+        body = json_body(request.data, allowed=("period", "finalize"), required=("period",))
         period = _period(body["period"])
         finalize = body.get("finalize", False)
         if not isinstance(finalize, bool):
@@ -227,11 +227,11 @@ class InvoiceRunView(_OperatorView):
         )
 
 
-class InvoiceFinalizeView(_OperatorView):
+class InvoiceFinalizeView(OperatorView):
     """Bill one invoice's period for its tenant; an invoice already finalized is answered as it is."""
 
     def post(self, request: Request, invoice_id: int) -> Response:
-        _body(request.data if request.data else {}, allowed=())
+        json_body(request.data if request.data else {}, allowed=())
         found = Invoice.objects.filter(pk=invoice_id).values_list("tenant_id", "period").first()
         if found is None:
             raise NotFound(f"no invoice {invoice_id}")

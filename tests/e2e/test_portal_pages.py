@@ -335,3 +335,48 @@ def test_an_operator_edits_tenants_cohorts_and_quotas_with_the_apis_validation(
     # The browser logs the two refusals' 400s; nothing else.
     refused = [e for e in page_errors if "status of 400" in e and re.search(r"/operator/tenants/\d+(/quotas)?\)", e)]
     assert len(refused) == 2 and [e for e in page_errors if e not in refused] == [], page_errors
+
+
+def test_an_operator_schedules_a_price_and_gives_a_tenant_its_own_book(
+    tenants, pool, page: Page, page_errors, screenshots
+):
+    from datetime import timedelta
+
+    from django.contrib.auth import get_user_model
+
+    from billing import services as billing
+
+    get_user_model().objects.create_user("operator", password="operator-password-1", is_staff=True)
+    sign_in(page, "operator", "operator-password-1")
+    page.get_by_role("link", name="Prices").click()
+    expect(page).to_have_url(re.compile(r"/console/prices/$"))
+    expect(page.locator('.book[data-book="standard"] tr[data-resource="h100-sxm"]')).to_be_visible(timeout=WAIT_MS)
+
+    # A copy of the standard book, then a cheaper h100 in it from tomorrow.
+    page.fill("#b-name", "research")
+    page.select_option("#b-copy", label="standard")
+    page.get_by_role("button", name="Create price book").click()
+    expect(page.locator('.book[data-book="research"] tr[data-resource="h100-sxm"]')).to_be_visible(timeout=WAIT_MS)
+    # Today is refused by name: usage already recorded keeps its price.
+    page.select_option("#p-book", label="research")
+    page.fill("#p-resource", "h100-sxm")
+    page.fill("#p-per-hour", "2.00")
+    page.eval_on_selector("#p-from", "(el) => { el.min = ''; el.value = new Date().toISOString().slice(0, 10); }")
+    page.get_by_role("button", name="Schedule price").click()
+    expect(page.locator("#price-errors")).to_contain_text("effective_from", timeout=WAIT_MS)
+    expect(page.locator("#p-from")).to_have_attribute("aria-invalid", "true")
+    tomorrow = (datetime.now(UTC) + timedelta(days=1)).date().isoformat()
+    page.fill("#p-from", tomorrow)
+    page.get_by_role("button", name="Schedule price").click()
+    scheduled = page.locator(f'.book[data-book="research"] tr[data-resource="h100-sxm"][data-from="{tomorrow}"]')
+    expect(scheduled).to_contain_text("USD 2", timeout=WAIT_MS)
+
+    # acme is billed by it from now on.
+    page.get_by_label("Price book of acme", exact=True).select_option(label="research")
+    page.get_by_role("button", name="Save the price book of acme").click()
+    expect(page.locator('.book[data-book="research"]')).to_contain_text("Bills: acme", timeout=WAIT_MS)
+    assert billing.price_book_for(tenants[0].id).name == "research"
+    accessible(page, "console-prices")
+    shoot(page, screenshots, "console-prices")
+    refused = [e for e in page_errors if "status of 400" in e and "/prices)" in e]
+    assert len(refused) == 1 and [e for e in page_errors if e not in refused] == [], page_errors

@@ -108,6 +108,9 @@ MATRIX: dict[str, Expect] = {
     "api/v1/billing/budget": Expect("collection", {"GET": "read", "PUT": "manage"}),
     # billing: operators
     "api/v1/operator/invoices/run": _operator("POST"),
+    "api/v1/operator/price-books": _operator("GET", "POST"),
+    "api/v1/operator/price-books/<int:book_id>/prices": _operator("POST"),
+    "api/v1/operator/tenants/<int:tenant_id>/price-book": _operator("PUT"),
     "api/v1/operator/invoices/<int:invoice_id>/finalize": _operator("POST"),
     # jobs: operators
     "api/v1/operator/cluster": _operator("GET"),
@@ -136,6 +139,7 @@ MATRIX: dict[str, Expect] = {
     "console/": Expect("console", {"GET": "page"}),
     "console/queue/": Expect("console", {"GET": "page"}),
     "console/tenants/": Expect("console", {"GET": "page"}),
+    "console/prices/": Expect("console", {"GET": "page"}),
     "billing/invoices/<int:invoice_id>": Expect("portal_object", {"GET": "page"}, owner_sees=True),
     ADMIN: Expect("admin", {"GET": "admin"}),
 }
@@ -349,6 +353,7 @@ def world(tenants, pool, settings, tmp_path) -> World:
             "step": step,
             "node": "gpu-h100-0",
             "device_id": "gpu-h100-0/0",
+            "book_id": billing.default_price_book().pk,
         },
         markers=(
             "acme-confidential-run-7f3a",
