@@ -162,4 +162,6 @@ class PriceBookView:
     is_default: bool
     description: str
     prices: tuple[PriceView, ...]  # the whole schedule, by resource, oldest first
-    tenants: tuple[str, ...]  # the slugs of the tenants billed by it (the default book's: those without one)
+    tenants: tuple[str, ...]  # the slugs of the tenants it bills this period (not listed for the default book)
+    next_tenants: tuple[str, ...] = ()  # those it bills from ``next_from`` on, by a change already made
+    next_from: date | None = None

@@ -98,6 +98,10 @@ class BillingAccount(models.Model):
 
     tenant = models.OneToOneField("tenants.Tenant", on_delete=models.CASCADE, related_name="billing_account")
     price_book = models.ForeignKey(PriceBook, null=True, blank=True, on_delete=models.PROTECT)
+    # A change of book takes effect with a billing period, never inside one (usage already recorded
+    # keeps its prices): from ``next_price_book_from`` on, ``next_price_book`` (null: the default) bills.
+    next_price_book = models.ForeignKey(PriceBook, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    next_price_book_from = models.DateField(null=True, blank=True)
     # Per calendar month, in the book's currency. A soft budget alerts; a hard one stops admissions.
     soft_budget = models.DecimalField(max_digits=18, decimal_places=2, null=True, blank=True)
     hard_budget = models.DecimalField(max_digits=18, decimal_places=2, null=True, blank=True)

@@ -406,9 +406,15 @@ def list_price_books() -> list[PriceBookView]:
     return price_books.list_price_books()
 
 
-def _book_model(tenant_id: int) -> PriceBook:
-    account = BillingAccount.objects.filter(tenant_id=tenant_id).select_related("price_book").first()
-    return account.price_book if account and account.price_book else default_price_book()
+def _book_model(tenant_id: int, period: date | None = None) -> PriceBook:
+    """The book that bills the tenant's ``period`` (default: the current one)."""
+    account = BillingAccount.objects.filter(tenant_id=tenant_id).select_related("price_book", "next_price_book").first()
+    if account is None:
+        return default_price_book()
+    period = period or current_period()
+    changed = account.next_price_book_from is not None and period >= account.next_price_book_from
+    book = account.next_price_book if changed else account.price_book
+    return book or default_price_book()
 
 
 def load_price_book(book: PriceBook) -> rating.PriceBook:
@@ -421,8 +427,9 @@ def load_price_book(book: PriceBook) -> rating.PriceBook:
     return rating.PriceBook(book.name, changes, currency=book.currency)
 
 
-def price_book_for(tenant_id: int) -> rating.PriceBook:
-    return load_price_book(_book_model(tenant_id))
+def price_book_for(tenant_id: int, period: date | None = None) -> rating.PriceBook:
+    """The prices that bill the tenant's ``period`` (default: the current one)."""
+    return load_price_book(_book_model(tenant_id, period))
 
 
 # --- invoices --------------------------------------------------------------------------------------
@@ -515,7 +522,7 @@ def _write_lines(invoice: Invoice, rated: rating.RatedInvoice) -> None:
 def draft_invoice(tenant_id: int, period: date) -> InvoiceView:
     """Create or refresh the tenant's draft for the period from the ledger as it stands; a finalized
     invoice is returned unchanged. Safe to run any number of times, concurrently."""
-    book = _book_model(tenant_id)
+    book = _book_model(tenant_id, period)
     with transaction.atomic():
         invoice = _open_invoice(tenant_id, period, book)
         if invoice.status == InvoiceStatus.DRAFT:
@@ -540,7 +547,7 @@ def finalize_invoice(tenant_id: int, period: date, *, now: datetime | None = Non
     and freeze the invoice. Idempotent: a finalized invoice is returned as it is."""
     now = now or timezone.now()
     _refuse_open_period(period, now)
-    book = _book_model(tenant_id)
+    book = _book_model(tenant_id, period)
     with transaction.atomic():
         invoice = _open_invoice(tenant_id, period, book)
         if invoice.status == InvoiceStatus.FINALIZED:
@@ -839,7 +846,7 @@ def spend_by_flavor(
     and each flavor rounded once (so flavors may differ from the whole, rounded once, by a cent)."""
     now = now or timezone.now()
     period = rating.period_of(rating.epoch_ms(now))
-    book = price_book_for(tenant_id)
+    book = price_book_for(tenant_id, period)
     by_flavor: dict[str, list[rating.RatedUsage]] = defaultdict(list)
     for usage in _period_usage(tenant_id, period, book, open_usage, now):
         by_flavor[usage.flavor].append(usage)
@@ -855,7 +862,7 @@ def spend_by_day(
     days may differ from the month's whole by a cent or so)."""
     now = now or timezone.now()
     period = rating.period_of(rating.epoch_ms(now))
-    book = price_book_for(tenant_id)
+    book = price_book_for(tenant_id, period)
     by_day: dict[date, list[rating.RatedUsage]] = defaultdict(list)
     for usage in _period_usage(tenant_id, period, book, open_usage, now, when=True):
         for day, start_ms, ms in rating.split_by_day(usage.start_ms, usage.duration_ms):
@@ -870,7 +877,7 @@ def budget_status(tenant_id: int, open_usage: Iterable[OpenUsage] = (), *, now: 
     now = now or timezone.now()
     period = rating.period_of(rating.epoch_ms(now))
     account = BillingAccount.objects.filter(tenant_id=tenant_id).first()
-    book = price_book_for(tenant_id)
+    book = price_book_for(tenant_id, period)
     spend = rating.estimate(_period_usage(tenant_id, period, book, open_usage, now), book)
     alerts = BudgetAlert.objects.filter(tenant_id=tenant_id, period=period).values_list("level", flat=True)
     return BudgetStatus(

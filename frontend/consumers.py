@@ -9,6 +9,7 @@ user's membership of the tenant hold (``frontend.access``).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -19,6 +20,8 @@ from frontend.access import still_allowed, user_group
 from frontend.relay import (
     LATE_COMMIT_WINDOW_S,
     SeenIds,
+    chart_joined,
+    chart_left,
     job_metrics_group,
     listener_joined,
     listener_left,
@@ -55,11 +58,16 @@ def _tenant_has_job(tenant_id: int, job_id: int) -> bool:
 
 # A WebSocket close code in the private range: the socket may no longer hear this tenant.
 CLOSE_NOT_ALLOWED = 4401
+ACCESS_RECHECK_S = 5.0
 
 
 class JobEventsConsumer(AsyncJsonWebsocketConsumer):
     group: str | None = None
     metrics_group: str | None = None
+    charted: int | None = None
+    # Until when (monotonic) the last access check holds for metric batches, which come several a
+    # second; a sign-out or a removal closes the socket at once anyway (``access_revoked``).
+    allowed_until = 0.0
     user_id: int | None = None
     tenant_id: int | None = None
     session_key: str | None = None
@@ -82,8 +90,9 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.channel_layer.group_add(user_group(user.pk), self.channel_name)
         if charted is not None:
-            self.metrics_group = job_metrics_group(charted)
+            self.charted, self.metrics_group = charted, job_metrics_group(charted)
             await self.channel_layer.group_add(self.metrics_group, self.channel_name)
+            chart_joined(charted)
         await self.accept()
         listener_joined()
         await self.send_json({"type": "hello", "tenant": tenant.slug})
@@ -98,9 +107,10 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
             self.group = None
         if self.user_id is not None:
             await self.channel_layer.group_discard(user_group(self.user_id), self.channel_name)
-        if self.metrics_group is not None:
+        if self.metrics_group is not None and self.charted is not None:
             await self.channel_layer.group_discard(self.metrics_group, self.channel_name)
-            self.metrics_group = None
+            chart_left(self.charted)
+            self.metrics_group = self.charted = None
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         """The socket only sends: a frame from the browser, JSON or not, is ignored."""
@@ -128,7 +138,12 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
 
     async def job_metrics(self, message: dict[str, Any]) -> None:
         """A batch of the charted job's new points (the relay sends one a round per job)."""
-        if message.get("tenant_id") != self.tenant_id or not await self._allowed():
+        if message.get("tenant_id") != self.tenant_id:
             await self.close(code=CLOSE_NOT_ALLOWED)
             return
+        if time.monotonic() >= self.allowed_until:
+            if not await self._allowed():
+                await self.close(code=CLOSE_NOT_ALLOWED)
+                return
+            self.allowed_until = time.monotonic() + ACCESS_RECHECK_S
         await self.send_json({"type": "job_metrics", "job_id": message["job_id"], "points": message["points"]})

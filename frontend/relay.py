@@ -10,9 +10,10 @@ an id lower than one already pushed. Each round therefore also re-reads a short 
 events and pushes those it has not pushed yet. Consumers drop ids they have already sent, so relays
 in several processes feeding one Redis layer cannot make a client see an event twice either.
 
-Metric points are tailed by id alone (their table is the largest, and a time window would scan it):
-a point committed late, or overwritten in place when a step is trained again, is not pushed, and the
-job page's periodic read of its series picks it up.
+Metric points are tailed by id alone (their table is the largest, and a time window would scan it),
+and only those of the jobs that this process's sockets chart: a point committed late, or overwritten
+in place when a step is trained again, is not pushed, and the job page's periodic read of its series
+picks it up.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -97,7 +99,25 @@ def _cursors() -> Cursors:
     return Cursors(event=services.latest_event_id(), metric_point=services.latest_metric_point_id())
 
 
-def _messages(cursors: Cursors, seen: SeenIds) -> list[tuple[str, dict[str, Any]]]:
+# How many of this process's sockets chart each job: only their points are read and sent.
+_charted: Counter[int] = Counter()
+
+
+def chart_joined(job_id: int) -> None:
+    _charted[job_id] += 1
+
+
+def chart_left(job_id: int) -> None:
+    _charted[job_id] -= 1
+    if _charted[job_id] <= 0:
+        del _charted[job_id]
+
+
+# At most this many points a round; a longer backlog is sent over the next rounds.
+POINTS_PER_ROUND = 5000
+
+
+def _messages(cursors: Cursors, seen: SeenIds, charted: frozenset[int]) -> list[tuple[str, dict[str, Any]]]:
     """The next round's (group, message) pairs; advances ``cursors``."""
     messages: list[tuple[str, dict[str, Any]]] = []
     for event in services.recent_events(after_id=cursors.event, window_s=LATE_COMMIT_WINDOW_S):
@@ -108,8 +128,14 @@ def _messages(cursors: Cursors, seen: SeenIds) -> list[tuple[str, dict[str, Any]
         message = {"type": "job.event", "event": event_json(event), "job": job_json(job)}
         messages.append((tenant_group(event.tenant_id), message))
     by_job: dict[int, dict[str, Any]] = {}
-    for point in services.metric_points_after(cursors.metric_point):
-        cursors.metric_point = point.id
+    latest = services.latest_metric_point_id()
+    points = (
+        services.metric_points_after(cursors.metric_point, up_to=latest, job_ids=charted, limit=POINTS_PER_ROUND)
+        if charted and latest > cursors.metric_point
+        else []
+    )
+    cursors.metric_point = points[-1].id if len(points) == POINTS_PER_ROUND else latest
+    for point in points:
         batch = by_job.setdefault(
             point.job_id, {"type": "job.metrics", "job_id": point.job_id, "tenant_id": point.tenant_id, "points": []}
         )
@@ -126,7 +152,7 @@ async def _run() -> None:
     seen = SeenIds(LATE_COMMIT_WINDOW_S)
     while _listeners > 0:
         try:
-            messages = await _on_db_thread(_messages, cursors, seen)
+            messages = await _on_db_thread(_messages, cursors, seen, frozenset(_charted))
             for group, message in messages:
                 await layer.group_send(group, message)
             seen.forget_old()

@@ -186,6 +186,7 @@ def billing_page(request: HttpRequest) -> HttpResponse:
         try:
             status = billing.budget_status(tenant.id, held)
             flavors = billing.spend_by_flavor(tenant.id, held)
+            days = billing.spend_by_day(tenant.id, held)
         except billing.RatingError as exc:
             # A flavor without a price: the invoices still show, with what an operator must fix.
             context["pricing_error"] = str(exc)
@@ -193,9 +194,7 @@ def billing_page(request: HttpRequest) -> HttpResponse:
         largest = max((amount for _, amount in flavors), default=Decimal(0))
         month_start = datetime.combine(status.period, time.min, tzinfo=UTC)
         context.update(
-            spend_days=[
-                {"day": day.isoformat(), "spend": str(amount)} for day, amount in billing.spend_by_day(tenant.id, held)
-            ],
+            spend_days=[{"day": day.isoformat(), "spend": str(amount)} for day, amount in days],
             idle=[
                 {
                     "flavor": row.flavor,

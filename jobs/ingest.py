@@ -18,6 +18,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from jobs import locks, metrics, throughput, transitions
@@ -369,6 +371,11 @@ def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent
             job.samples_per_s = speed
             fields.add("samples_per_s")
         job.save(update_fields=sorted(fields))
+        if "steps_done" in fields:
+            now = timezone.now()
+            JobAttempt.objects.filter(job_id=job.pk, number=job.attempt).update(
+                first_step_at=Coalesce("first_step_at", Value(now)), last_step_at=now
+            )
         # The throughput table learns from rank 0's batches that moved the job on (one small UPDATE
         # per such batch, not per event); other ranks' batches only refresh their rank stats. It
         # learns after this transaction commits: the entry's row is shared by every job of the

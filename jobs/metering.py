@@ -8,13 +8,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from django.db.models import Max, Min, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from billing import services as billing
 from billing.contracts import OpenUsage, UsageInterval
 from jobs.contracts import IdleUsage
-from jobs.models import Allocation, MetricPoint, TrainingJob
+from jobs.models import Allocation, JobAttempt, TrainingJob
 from jobs.throughput import nau_rates
 from runtime.scheduling import NAU, FreeDevice
 from runtime.scheduling.model import MILLI
@@ -94,27 +94,24 @@ def allocated_ms() -> dict[tuple[int, str], int]:
 
 
 def training_windows(job_ids: Iterable[int]) -> dict[int, list[tuple[datetime, datetime]]]:
-    """Each run's training window, per job: its attempt's first and last stored metric point (the runs
-    of one job never overlap in time)."""
+    """Each run's training window, per job: when its attempt reported its first and its latest step
+    (kept on the attempt at ingest; the runs of one job never overlap in time)."""
     windows: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
-    for job_id, first, last in (
-        MetricPoint.objects.filter(job_id__in=list(job_ids))
-        .values("job_id", "attempt")
-        .annotate(first=Min("recorded_at"), last=Max("recorded_at"))
-        .values_list("job_id", "first", "last")
-    ):
-        windows[job_id].append((first, last))
+    for job_id, first, last in JobAttempt.objects.filter(
+        job_id__in=list(job_ids), first_step_at__isnull=False
+    ).values_list("job_id", "first_step_at", "last_step_at"):
+        if first is not None and last is not None:  # set together, at the attempt's first step
+            windows[job_id].append((first, last))
     return windows
 
 
 def idle_usage(tenant_id: int, since: datetime, *, now: datetime | None = None) -> list[IdleUsage]:
     """The tenant's device time since ``since``, per flavor: held, and held while training nothing.
 
-    A run trains between the first and the last step it reports (the metric points rank 0's telemetry
-    stores, each stamped when stored); a device's time outside that window is idle: provisioning,
-    starting the processes and loading the code, restoring a checkpoint, a run that failed before its
-    first step, the wait for the last report to end it. Steps between two reports count as training,
-    so this is a floor on what was wasted, not an estimate of it."""
+    A run trains between the first and the latest step it reports (``training_windows``); a device's
+    time outside that window is idle: provisioning, starting the processes and loading the code,
+    restoring a checkpoint, a run that failed before its first step, the wait for the last report to
+    end it. Steps between two reports count as training, so this is a floor on what was wasted."""
     now = now or timezone.now()
     held = list(
         Allocation.objects.filter(job__tenant_id=tenant_id)

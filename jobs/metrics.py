@@ -74,12 +74,15 @@ def record_points(job_id: int, attempt: int, points: Iterable[ReportedPoint], *,
     return len(rows)
 
 
-def metric_points_after(after_id: int, *, limit: int = 5000) -> list[NewMetricPoint]:
-    """Points stored with a row id above ``after_id``, oldest first: what the push relay sends next.
-    A point overwritten in place (a step trained again) keeps its id and is not among them; the
-    charts' own periodic read picks those up."""
+def metric_points_after(
+    after_id: int, *, up_to: int, job_ids: Iterable[int], limit: int = 5000
+) -> list[NewMetricPoint]:
+    """The jobs' points stored with a row id in ``(after_id, up_to]``, oldest first: what the push
+    relay sends next (a range of the primary key, so a round reads only what is new). A point
+    overwritten in place (a step trained again) keeps its id and is not among them; the charts' own
+    periodic read picks those up."""
     rows = (
-        MetricPoint.objects.filter(pk__gt=after_id)
+        MetricPoint.objects.filter(pk__gt=after_id, pk__lte=up_to, job_id__in=list(job_ids))
         .order_by("pk")
         .values_list("pk", "job__tenant_id", "job_id", "name", "step", "value")[:limit]
     )

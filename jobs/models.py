@@ -221,6 +221,10 @@ class JobAttempt(models.Model):
     previous_devices = models.JSONField(default=list, blank=True)
     # When and why it ended, and the state the job moved to then: queued (preempted), recovering
     # (frozen after a failure or a stop), or a terminal state.
+    # When its run reported its first and its latest training step (ingest; never overwritten by a
+    # later attempt retraining the same steps): the stretch its devices trained, for idle time.
+    first_step_at = models.DateTimeField(null=True, blank=True)
+    last_step_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     ended_as = models.CharField(max_length=16, choices=JobState.choices, blank=True)
     end_reason = models.CharField(max_length=500, blank=True)

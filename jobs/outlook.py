@@ -30,8 +30,8 @@ _QUOTA_WORDS = ("your tenant", "no quota for")
 
 def _expected_end(job: TrainingJob, now: datetime) -> datetime | None:
     """When a running job should finish: its steps left at its measured speed (None: not measured)."""
-    batch = (job.spec.get("workload") or {}).get("global_batch")
-    if job.state != JobState.RUNNING or not job.samples_per_s or not isinstance(batch, int) or batch <= 0:
+    batch = job.job_spec.workload.global_batch
+    if job.state != JobState.RUNNING or not job.samples_per_s or batch <= 0:
         return None
     steps_left = max(0, job.total_steps - job.steps_done)
     return now + timedelta(seconds=steps_left * batch / job.samples_per_s)
@@ -49,6 +49,15 @@ def _when_enough(holders: list[HolderOutlook], lacking: int) -> datetime | None:
     return None
 
 
+def _shown(holders: list[HolderOutlook]) -> tuple[HolderOutlook, ...]:
+    """The holders as the tenant sees them: its own jobs one by one, soonest to end first; other
+    tenants' jobs as one line (their devices summed, no end time), which tells neither their number,
+    their size nor their progress."""
+    own = sorted((h for h in holders if h.job_id is not None), key=lambda h: (h.expected_end is None, h.expected_end))
+    others = sum(h.devices for h in holders if h.job_id is None)
+    return (*own, *([HolderOutlook(job_id=None, devices=others, expected_end=None)] if others else []))
+
+
 def start_outlook(*, tenant_id: int, job_id: int, now: datetime | None = None) -> StartOutlookView:
     now = now or timezone.now()
     job = TrainingJob.scoped.for_tenant(tenant_id).filter(pk=job_id).first()
@@ -56,8 +65,8 @@ def start_outlook(*, tenant_id: int, job_id: int, now: datetime | None = None) -
         raise JobNotFound(job_id)
     if job.state != JobState.QUEUED:
         return StartOutlookView(job_id=job.pk, waiting=False, reason="", position=None)
-    needed = int(job.spec.get("devices", 1))
-    flavors = [str(f) for f in job.spec.get("flavors", [])]
+    needed = job.job_spec.devices
+    flavors = list(job.job_spec.flavors)
     in_service = dict(
         Device.objects.filter(flavor__name__in=flavors, health__in=SCHEDULABLE)
         .values("flavor__name")
@@ -95,20 +104,17 @@ def start_outlook(*, tenant_id: int, job_id: int, now: datetime | None = None) -
                 lacking=lacking,
                 never=needed > total,
                 expected_at=None if needed > total else (now if not lacking else _when_enough(holders, lacking)),
-                holders=tuple(sorted(holders, key=lambda h: (h.expected_end is None, h.expected_end))),
+                holders=_shown(holders),
             )
         )
     quota_blocked = any(word in job.pending_reason for word in _QUOTA_WORDS)
     own_running: tuple[HolderOutlook, ...] = ()
     if quota_blocked:
         mine = TrainingJob.objects.filter(tenant_id=tenant_id, state__in=(JobState.RUNNING, JobState.ADMITTED))
+        held_now = Count("allocations", filter=Q(allocations__ended_at__isnull=True))
         own_running = tuple(
-            HolderOutlook(
-                job_id=j.pk,
-                devices=j.allocations.filter(ended_at__isnull=True).count(),
-                expected_end=_expected_end(j, now),
-            )
-            for j in mine.order_by("pk")
+            HolderOutlook(job_id=j.pk, devices=j.held_now, expected_end=_expected_end(j, now))
+            for j in mine.annotate(held_now=held_now).order_by("pk")
         )
     return StartOutlookView(
         job_id=job.pk,

@@ -36,6 +36,8 @@ def price_book_json(book: PriceBookView) -> dict[str, Any]:
             for p in book.prices
         ],
         "tenants": list(book.tenants),
+        "next_tenants": list(book.next_tenants),
+        "next_from": book.next_from.isoformat() if book.next_from else None,
     }
 
 
@@ -103,11 +105,12 @@ class PriceScheduleView(OperatorView):
 
 
 class TenantPriceBookView(OperatorView):
-    @extend_schema(summary="Which price book bills the tenant (null: the default one)", responses={200: BOOK})
+    @extend_schema(
+        summary="Which price book bills the tenant (null: the default one), from the next billing period on",
+        responses={200: BOOK},
+    )
     def put(self, request: Request, tenant_id: int) -> Response:
         body = json_body(request.data, allowed=("price_book",), required=("price_book",))
         tenants.get_tenant(tenant_id)  # 404 for a tenant that does not exist
         book_id = _whole(body["price_book"], "price_book") if body["price_book"] is not None else None
-        services.assign_price_book(tenant_id=tenant_id, book_id=book_id)
-        chosen = services.get_price_book(book_id) if book_id is not None else services.list_price_books()[0]
-        return Response(price_book_json(chosen))
+        return Response(price_book_json(services.assign_price_book(tenant_id=tenant_id, book_id=book_id)))

@@ -344,6 +344,7 @@ def test_an_operator_schedules_a_price_and_gives_a_tenant_its_own_book(
 
     from django.contrib.auth import get_user_model
 
+    from billing import rating
     from billing import services as billing
 
     get_user_model().objects.create_user("operator", password="operator-password-1", is_staff=True)
@@ -371,11 +372,15 @@ def test_an_operator_schedules_a_price_and_gives_a_tenant_its_own_book(
     scheduled = page.locator(f'.book[data-book="research"] tr[data-resource="h100-sxm"][data-from="{tomorrow}"]')
     expect(scheduled).to_contain_text("USD 2", timeout=WAIT_MS)
 
-    # acme is billed by it from now on.
+    # acme is billed by it from the next billing period on.
     page.get_by_label("Price book of acme", exact=True).select_option(label="research")
     page.get_by_role("button", name="Save the price book of acme").click()
-    expect(page.locator('.book[data-book="research"]')).to_contain_text("Bills: acme", timeout=WAIT_MS)
-    assert billing.price_book_for(tenants[0].id).name == "research"
+    following = rating.next_period(billing.current_period())
+    expect(page.locator('.book[data-book="research"]')).to_contain_text(
+        f"from {following.isoformat()} also acme", timeout=WAIT_MS
+    )
+    assert billing.price_book_for(tenants[0].id, following).name == "research"
+    assert billing.price_book_for(tenants[0].id).name == "standard"
     accessible(page, "console-prices")
     shoot(page, screenshots, "console-prices")
     refused = [e for e in page_errors if "status of 400" in e and "/prices)" in e]

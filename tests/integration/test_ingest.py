@@ -9,7 +9,7 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs import services
-from jobs.models import Allocation, Device, JobEvent, JobState, TrainingJob
+from jobs.models import Allocation, Device, JobAttempt, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -66,11 +66,17 @@ def test_a_workers_steps_become_the_jobs_progress(tenants, pool):
         "step_time_s": 0.05,
     }
     assert JobEvent.objects.filter(job=job, kind="progress").count() == 1  # at most one a second
+    # The attempt's training stretch starts at its first step and follows its latest.
+    first, last = JobAttempt.objects.filter(job=job, number=job.attempt).values_list("first_step_at", "last_step_at")[0]
+    assert first is not None and first == last
+    assert post(job.pk, token, {"events": [step(0, 3, 1.8)]}).status_code == 200
+    moved = JobAttempt.objects.filter(job=job, number=job.attempt).values_list("first_step_at", "last_step_at")[0]
+    assert moved[0] == first and moved[1] > last
 
     # A replayed, older batch does not move progress backwards.
     assert post(job.pk, token, {"events": [step(0, 1, 2.3)]}).status_code == 200
     job.refresh_from_db()
-    assert job.steps_done == 2 and job.last_loss == 1.9
+    assert job.steps_done == 3 and job.last_loss == 1.8
 
 
 def test_only_the_jobs_own_token_is_accepted(tenants, pool):

@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from billing import rating
 from billing import services as billing
 from billing.models import Price
 
@@ -61,20 +62,24 @@ def test_an_operator_makes_a_book_schedules_a_price_and_gives_it_to_a_tenant(ope
     scheduled = operator.post(f"/api/v1/operator/price-books/{research['id']}/prices", body, format="json").json()
     assert {"resource": "ascend-910b", "per_hour": "1.2", "effective_from": tomorrow.isoformat()} in scheduled["prices"]
 
-    given = operator.put(
-        f"/api/v1/operator/tenants/{acme.id}/price-book", {"price_book": research["id"]}, format="json"
-    )
-    assert given.status_code == 200 and given.json()["tenants"] == ["acme"]
-    assert billing.price_book_for(acme.id).name == "research"
-    assert (
-        operator.put(f"/api/v1/operator/tenants/{acme.id}/price-book", {"price_book": 999999}, format="json").json()[
-            "error"
-        ]["field"]
-        == "price_book"
-    )
-    assert billing.price_book_for(acme.id).name == "research"  # the refusal changed nothing
-    back = operator.put(f"/api/v1/operator/tenants/{acme.id}/price-book", {"price_book": None}, format="json")
-    assert back.json()["name"] == "standard" and billing.price_book_for(acme.id).name == "standard"
+    # A tenant's new book bills from the next period on: this month's usage keeps its prices.
+    url = f"/api/v1/operator/tenants/{acme.id}/price-book"
+    given = operator.put(url, {"price_book": research["id"]}, format="json")
+    following = rating.next_period(billing.current_period())
+    assert given.status_code == 200, given.content
+    assert (given.json()["tenants"], given.json()["next_tenants"]) == ([], ["acme"])
+    assert given.json()["next_from"] == following.isoformat()
+    assert billing.price_book_for(acme.id).name == "standard"
+    assert billing.price_book_for(acme.id, following).name == "research"
+    # A book that prices no NAU-hour would leave flavors unpriced; a book that does not exist is none.
+    empty = operator.post("/api/v1/operator/price-books", {"name": "empty"}, format="json").json()
+    refused = operator.put(url, {"price_book": empty["id"]}, format="json")
+    assert refused.status_code == 400 and refused.json()["error"]["field"] == "price_book"
+    assert "no nau price" in refused.json()["error"]["message"]
+    assert operator.put(url, {"price_book": 999999}, format="json").json()["error"]["field"] == "price_book"
+    assert billing.price_book_for(acme.id, following).name == "research"  # the refusals changed nothing
+    back = operator.put(url, {"price_book": None}, format="json")
+    assert back.json()["name"] == "standard" and billing.price_book_for(acme.id, following).name == "standard"
 
     again = operator.post("/api/v1/operator/price-books", {"name": "research"}, format="json")
     assert again.status_code == 400 and again.json()["error"]["field"] == "name"

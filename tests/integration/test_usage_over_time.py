@@ -12,7 +12,7 @@ import pytest
 from billing import services as billing
 from billing.contracts import OpenUsage, UsageInterval
 from jobs import services
-from jobs.models import Allocation, MetricPoint
+from jobs.models import Allocation, JobAttempt
 from runtime.jobspec import parse_job_spec
 
 pytestmark = pytest.mark.integration
@@ -64,10 +64,9 @@ def test_idle_usage_is_held_time_outside_each_runs_reported_steps(db, pool, tena
     start = NOW - timedelta(hours=3)
     # Held for an hour; its steps were reported from 10 to 50 minutes in: 20 minutes idle.
     Allocation.objects.filter(job_id=trained).update(started_at=start, ended_at=start + timedelta(hours=1))
-    for minutes, step in ((10, 1), (30, 2), (50, 3)):
-        MetricPoint.objects.create(
-            job_id=trained, name="loss", step=step, value=1.0, recorded_at=start + timedelta(minutes=minutes)
-        )
+    JobAttempt.objects.filter(job_id=trained, number=0).update(
+        first_step_at=start + timedelta(minutes=10), last_step_at=start + timedelta(minutes=50)
+    )
     # Held from half an hour ago until now without a single step: all idle.
     Allocation.objects.filter(job_id=never).update(started_at=NOW - timedelta(minutes=30))
     Allocation.objects.filter(job_id=other).update(started_at=start)
@@ -96,10 +95,9 @@ def test_quota_and_utilization_history_average_each_bucket(db, pool, tenants):
     Allocation.objects.filter(job_id=job_id).update(
         started_at=since + timedelta(hours=1), ended_at=since + timedelta(hours=3)
     )
-    for at, step in ((1.5, 1), (2.5, 2)):
-        MetricPoint.objects.create(
-            job_id=job_id, name="loss", step=step, value=1.0, recorded_at=since + timedelta(hours=at)
-        )
+    JobAttempt.objects.filter(job_id=job_id, number=0).update(
+        first_step_at=since + timedelta(hours=1.5), last_step_at=since + timedelta(hours=2.5)
+    )
     held = [1.0 if 24 <= i < 72 else 0.0 for i in range(96)]
     nau = nau_rates(["synthetic-mlp"])[("synthetic-mlp", "ascend-910b")] / 1000
 

@@ -29,7 +29,8 @@
         return `<tr data-resource="${P.escapeHtml(p.resource)}" data-from="${p.effective_from}"${when ? ` class="${when}"` : ""}><td>${P.escapeHtml(p.resource)}</td>`
           + `<td class="num">${P.escapeHtml(b.currency)} ${P.escapeHtml(p.per_hour)}</td><td>${p.effective_from}${when ? " (scheduled)" : ""}</td></tr>`;
       }).join("") || `<tr><td colspan="3" class="muted">No price yet.</td></tr>`;
-      const who = b.is_default ? "every tenant without a book of its own" : b.tenants.join(", ") || "no tenant";
+      let who = b.is_default ? "every tenant without a book of its own" : b.tenants.join(", ") || "no tenant";
+      if (b.next_tenants.length) who += `; from ${b.next_from} also ${b.next_tenants.join(", ")}`;
       return `<article class="book" data-book="${P.escapeHtml(b.name)}"><h3>${P.escapeHtml(b.name)} ${b.is_default ? `<span class="chip">default</span>` : ""}</h3>`
         + `<p class="small muted">${b.description ? `${P.escapeHtml(b.description)} · ` : ""}Bills: ${P.escapeHtml(who)}.</p>`
         + `<div class="scroll"><table><thead><tr><th>Resource</th><th>Per hour</th><th>From (UTC)</th></tr></thead><tbody>${rows}</tbody></table></div></article>`;
@@ -43,7 +44,8 @@
 
   function drawTenants() {
     const billedBy = new Map();
-    for (const b of books) for (const slug of b.tenants) billedBy.set(slug, b.id);
+    // What each tenant is (or, after a change made this period, will be) billed by.
+    for (const b of books) for (const slug of [...b.tenants, ...b.next_tenants]) billedBy.set(slug, b.id);
     $("tenant-books").tBodies[0].innerHTML = tenants.map((t) => {
       const current = billedBy.get(t.slug);
       const options = `<option value="">the default</option>` + books.filter((b) => !b.is_default).map((b) => `<option value="${b.id}"${b.id === current ? " selected" : ""}>${P.escapeHtml(b.name)}</option>`).join("");
@@ -103,7 +105,7 @@
     const chosen = document.querySelector(`select[data-tenant-id="${id}"]`).value;
     try {
       const book = await P.api(`/api/v1/operator/tenants/${id}/price-book`, {method: "PUT", body: {price_book: chosen ? Number(chosen) : null}});
-      P.announce(`now billed by ${book.name}`);
+      P.announce(`billed by ${book.name} from ${book.next_from} on`);
       await load();
     } catch (error) {
       showErrors($("assign-errors"), null, error);

@@ -313,7 +313,9 @@
     const minutes = Math.max(0, Math.round((Date.parse(iso) - Date.now()) / 60000));
     return `about ${new Date(iso).toLocaleTimeString([], {hour: "2-digit", minute: "2-digit"})} (in ${minutes < 90 ? `${minutes} min` : `${(minutes / 60).toFixed(1)} h`})`;
   }
-  const holder = (h) => `${h.job_id ? `<a href="/jobs/${h.job_id}">your job #${h.job_id}</a>` : "another tenant's job"}, ${h.devices} device(s): ends ${h.expected_end ? until(h.expected_end) : "at no estimate yet (no speed reported)"}`;
+  const holder = (h) => (h.job_id
+    ? `<a href="/jobs/${h.job_id}">your job #${h.job_id}</a>, ${h.devices} device(s): ends ${h.expected_end ? until(h.expected_end) : "at no estimate yet (no speed reported)"}`
+    : `other tenants' jobs, ${h.devices} device(s) in all`);
 
   function renderOutlook(o) {
     $("outlook-card").hidden = !o.waiting;
