@@ -23,7 +23,7 @@ from django.utils import timezone
 from jobs.admission import placement_policy
 from jobs.contracts import AdmissionPreview
 from jobs.models import Device
-from jobs.pool import as_free_device
+from jobs.pool import scheduler_devices
 from jobs.snapshot import load_snapshot, tenant_quotas
 from jobs.throughput import throughput_matrix
 from runtime.jobspec import JobSpec
@@ -47,7 +47,7 @@ def _hypothetical(tenant_id: int, spec: JobSpec, submitted_at: float) -> Pending
 
 def never_fits(*, tenant_id: int, spec: JobSpec) -> str | None:
     """Why the job could not start even on an idle pool; None when it could."""
-    every_device = [as_free_device(d) for d in Device.objects.select_related("node", "flavor").order_by("device_id")]
+    every_device = scheduler_devices(Device.objects.all())
     allowed = set(spec.flavors)
     in_pool = sum(1 for device in every_device if device.flavor in allowed)
     flavors = " or ".join(spec.flavors)

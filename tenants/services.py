@@ -19,7 +19,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group
 from django.db import IntegrityError, transaction
-from django.db.models import F, OuterRef, Prefetch, Subquery
+from django.db.models import F, Prefetch
 from django.utils import timezone
 
 from controlplane import domain
@@ -217,18 +217,19 @@ def authenticate_token(secret: str) -> ApiToken | None:
     leaves the tenant. The token comes with ``member_role``: its user's role in its tenant.
     """
     now = timezone.now()
-    role = Membership.objects.filter(tenant_id=OuterRef("tenant_id"), user_id=OuterRef("user_id")).values("role")[:1]
-    token = (
-        ApiToken.objects.select_related("tenant", "user")
-        .annotate(member_role=Subquery(role))
+    # One join to the membership both requires it and reads the role (an annotation after the filter
+    # reuses the filter's join); the digest is unique, so no ORDER BY. This runs on every API request.
+    found = (
+        ApiToken.objects.select_related("user")
         .filter(
             digest=digest_token(secret),
             revoked_at__isnull=True,
             user__is_active=True,
-            tenant__memberships__user=F("user"),
+            user__memberships__tenant=F("tenant"),
         )
-        .first()
+        .annotate(member_role=F("user__memberships__role"))[:1]
     )
+    token = next(iter(found), None)
     if token is None or (token.expires_at is not None and token.expires_at <= now):
         return None
     if token.last_used_at is None or now - token.last_used_at >= LAST_USE_RESOLUTION:
@@ -743,20 +744,18 @@ def check_quotas_for_form(*, tenant: Tenant, quotas: Sequence[QuotaSpec]) -> Non
 
 
 def quotas_for_admission() -> list[TenantQuotaView]:
-    """Every tenant, with its cohort, weight and quotas, in two queries (tenants, then quotas)."""
-    tenants = Tenant.objects.select_related("cohort").prefetch_related("quotas").order_by("pk")
+    """Every tenant, with its cohort, weight and quotas, in two queries (tenants, then quotas), as flat
+    rows: every admission cycle and every submit's never-fits check reads them."""
+    quotas: dict[int, dict[str, QuotaLimits]] = {}
+    rows = Quota.objects.order_by("tenant_id", "resource").values_list(
+        "tenant_id", "resource", "nominal", "borrowing_limit", "lending_limit"
+    )
+    for tenant_id, resource, nominal, borrowing_limit, lending_limit in rows:
+        quotas.setdefault(tenant_id, {})[resource] = QuotaLimits(nominal, borrowing_limit, lending_limit)
+    tenants = Tenant.objects.order_by("pk").values_list("pk", "slug", "cohort__name", "fair_share_weight")
     return [
-        TenantQuotaView(
-            id=t.pk,
-            slug=t.slug,
-            cohort=t.cohort.name if t.cohort else None,
-            weight=t.fair_share_weight,
-            quotas={
-                q.resource: QuotaLimits(q.nominal, q.borrowing_limit, q.lending_limit)
-                for q in sorted(t.quotas.all(), key=lambda q: q.resource)
-            },
-        )
-        for t in tenants
+        TenantQuotaView(id=pk, slug=slug, cohort=cohort, weight=weight, quotas=quotas.get(pk, {}))
+        for pk, slug, cohort, weight in tenants
     ]
 
 
