@@ -150,8 +150,21 @@ class TrainingJobAdmin(admin.ModelAdmin):
         return False  # jobs come in through the API, which validates the spec
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows that only services write (history, measurements): shown, never added, changed or deleted."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
 @admin.register(DeviceEvent)
-class DeviceEventAdmin(admin.ModelAdmin):
+class DeviceEventAdmin(ReadOnlyAdmin):
     """The devices' health history: written by the services that change health, read-only here."""
 
     list_display = ("created_at", "device", "kind", "from_health", "to_health", "score", "by")
@@ -159,18 +172,9 @@ class DeviceEventAdmin(admin.ModelAdmin):
     search_fields = ("device__device_id", "by")
     readonly_fields = [f.name for f in DeviceEvent._meta.fields]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
 
 @admin.register(ThroughputEntry)
-class ThroughputEntryAdmin(admin.ModelAdmin):
+class ThroughputEntryAdmin(ReadOnlyAdmin):
     """Read-only: entries come from ``seed_throughput`` and from step telemetry, never by hand."""
 
     list_display = ("job_class", "flavor", "devices", "samples_per_s", "source", "samples", "updated_at")
@@ -178,12 +182,3 @@ class ThroughputEntryAdmin(admin.ModelAdmin):
     search_fields = ("job_class", "flavor")
     ordering = ("job_class", "flavor", "devices")
     readonly_fields = [f.name for f in ThroughputEntry._meta.fields]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
