@@ -12,6 +12,10 @@
   runs) or a list (GET /api/v1/jobs, a page of 50) in turn as fast as answers come, for 30 s (10 s
   with --quick) after a warm-up. Targets: submit p99 <= 100 ms, list p99 <= 150 ms. Beside them,
   submit_alone_p50_ms and list_alone_p50_ms: one client alone, the time of one request unqueued.
+- server_cpu_ms, postgres_cpu_ms, load_cpu_ms: the CPU time (user + system, from /proc) that the server's
+  processes, PostgreSQL's and this load generator spent per request during the 16-client run, and
+  host_cores: with them, the most answers a second this host could give (cores / their sum) whatever
+  the queueing, which bounds the latencies 16 closed-loop clients can see (Little's law: 16 / rate).
 - idempotent_duplicates: 32 clients released at once with the same Idempotency-Key and body; the jobs
   created beyond the first. Target: 0.
 - cli_help_s: the median wall time of `polychip --help` (the console script), 9 runs (5 with --quick).
@@ -143,6 +147,48 @@ def serve(scratch: str, workers: int = 1) -> tuple[subprocess.Popen[bytes], str]
 
 
 # --- load ---------------------------------------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's CPU seconds so far (user + system), 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15 of proc(5))
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            todo += [int(child) for child in task.read_text().split()]
+    return found
+
+
+def _postgres_pids() -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def cpu_split(server_pid: int) -> dict[str, float]:
+    """CPU seconds so far of the server (its worker processes too), PostgreSQL and this process."""
+    return {
+        "server": sum(_cpu_s(pid) for pid in _descendants(server_pid)),
+        "postgres": sum(_cpu_s(pid) for pid in _postgres_pids()),
+        "load": _cpu_s(os.getpid()),
+    }
 
 
 def load(url: str, token: str, seconds: float, clients: int = CLIENTS) -> dict[str, list[float]]:
@@ -303,7 +349,9 @@ def main() -> None:
             f"one client alone: submit p50 {figures['submit_alone_p50_ms']} ms, "
             f"list p50 {figures['list_alone_p50_ms']} ms"
         )
+        cpu_before = cpu_split(server.pid)
         latencies = load(url, token, seconds)
+        cpu_after = cpu_split(server.pid)
         for kind in ("submit", "list"):
             values = latencies[kind]
             figures[f"{kind}_p50_ms"] = round(percentile(values, 0.5), 1)
@@ -312,7 +360,18 @@ def main() -> None:
                 f"{kind}: {len(values)} requests from {CLIENTS} clients in {seconds:.0f} s, "
                 f"p50 {figures[f'{kind}_p50_ms']} ms, p99 {figures[f'{kind}_p99_ms']} ms"
             )
-        figures["requests_per_s"] = round(sum(len(v) for v in latencies.values()) / seconds, 1)
+        answered = sum(len(v) for v in latencies.values())
+        figures["requests_per_s"] = round(answered / seconds, 1)
+        for part in ("server", "postgres", "load"):
+            figures[f"{part}_cpu_ms"] = round((cpu_after[part] - cpu_before[part]) / answered * 1000, 2)
+        cores = os.cpu_count() or 1
+        figures["host_cores"] = cores
+        per_request = sum(figures[f"{part}_cpu_ms"] for part in ("server", "postgres", "load"))
+        say(
+            f"CPU per request: server {figures['server_cpu_ms']} ms, PostgreSQL {figures['postgres_cpu_ms']} ms, "
+            f"load {figures['load_cpu_ms']} ms: at most {cores / per_request * 1000:.0f} answers/s on {cores} "
+            f"cores, so {CLIENTS} clients wait at least {CLIENTS * per_request / cores:.0f} ms on average"
+        )
         figures["idempotent_duplicates"] = duplicates(url, token, tenant_id)
     finally:
         server.terminate()

@@ -6,6 +6,9 @@ take no coordinates and the pool's fabric is a one-pod fat tree derived from the
 
 The local backend's device profiles ride along in the same file, under ``local_profile`` of each
 flavor, but only ``runtime.backends.local`` reads them: nothing else may know how a chip is emulated.
+Likewise the ``kubernetes`` sections (one at the top, one per flavor: which extended resource and node
+labels make a node of that flavor) are read by ``runtime.backends.kubernetes`` alone; a file with
+``kubernetes`` sections may leave ``nodes`` out, since the cluster's nodes are the pool's.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ class Pool:
     local_profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The topology the pool file names, or None: then ``fabric()`` derives a fat tree from racks.
     topology: Topology | None = None
+    # The file's ``kubernetes`` sections, as written: {"cluster": top-level section, "flavors": {name: section}}.
+    kubernetes: dict[str, Any] = field(default_factory=dict)
 
     def devices(self) -> list[DeviceSpec]:
         return [
@@ -125,6 +130,7 @@ def parse_pool(document: dict[str, Any]) -> Pool:
         raise PoolFileError("flavors: missing or empty; add a mapping of flavor name to its figures")
     flavors: dict[str, Flavor] = {}
     profiles: dict[str, dict[str, Any]] = {}
+    flavor_sections: dict[str, Any] = {}
     for name, raw in raw_flavors.items():
         where = f"flavors.{name}"
         if not isinstance(raw, dict):
@@ -143,10 +149,15 @@ def parse_pool(document: dict[str, Any]) -> Pool:
         if not isinstance(profile, dict):
             raise PoolFileError(f"{where}.local_profile: expected a mapping such as {{relative_speed: 0.5}}")
         profiles[name] = dict(profile)
+        if "kubernetes" in raw:
+            flavor_sections[name] = raw["kubernetes"]
 
     topology = _topology(document)
+    kubernetes = _kubernetes_sections(document, flavor_sections)
     raw_nodes = document.get("nodes")
-    if not isinstance(raw_nodes, list) or not raw_nodes:
+    if kubernetes and raw_nodes is None:  # the cluster's nodes are the pool's
+        raw_nodes = []
+    elif not isinstance(raw_nodes, list) or not raw_nodes:
         raise PoolFileError("nodes: missing or empty; add a list of {name, flavor, devices}")
     nodes: list[NodeSpec] = []
     seen: set[str] = set()
@@ -175,7 +186,21 @@ def parse_pool(document: dict[str, Any]) -> Pool:
                     "give every node a place of its own"
                 )
             placed[node.coords] = node.name
-    return Pool(flavors=flavors, nodes=tuple(nodes), local_profiles=profiles, topology=topology)
+    return Pool(flavors=flavors, nodes=tuple(nodes), local_profiles=profiles, topology=topology, kubernetes=kubernetes)
+
+
+def _kubernetes_sections(document: dict[str, Any], flavor_sections: dict[str, Any]) -> dict[str, Any]:
+    """The ``kubernetes`` sections as written (``runtime.backends.kubernetes`` checks their contents);
+    {} when the file has none."""
+    cluster = document.get("kubernetes")
+    if cluster is None and not flavor_sections:
+        return {}
+    if cluster is not None and not isinstance(cluster, dict):
+        raise PoolFileError("kubernetes: expected a mapping, e.g. {rack_label: topology.kubernetes.io/zone}")
+    for name, section in flavor_sections.items():
+        if not isinstance(section, dict):
+            raise PoolFileError(f"flavors.{name}.kubernetes: expected a mapping, e.g. {{resource: nvidia.com/gpu}}")
+    return {"cluster": dict(cluster or {}), "flavors": dict(flavor_sections)}
 
 
 def _topology(document: dict[str, Any]) -> Topology | None:
