@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ NUM_CLASSES = 10
 
 
 RENDEZVOUS_MODES = ("rank0", "store_host")
+# The job's ingest token, when the config file leaves it out (``load_config``).
+TELEMETRY_TOKEN_ENV = "POLYCHIP_TELEMETRY_TOKEN"  # noqa: S105 (a variable name, not a secret)
 
 
 class ConfigError(FieldError):
@@ -469,4 +472,7 @@ def load_config(path: str | Path) -> WorkerConfig:
         raw = json.loads(Path(path).read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError("config", f"{path} is not valid JSON ({exc})") from None
+    if isinstance(raw, dict) and not raw.get("telemetry_token") and os.environ.get(TELEMETRY_TOKEN_ENV):
+        # Where the config file is shared (a Kubernetes ConfigMap), the token comes apart, from a Secret.
+        raw["telemetry_token"] = os.environ[TELEMETRY_TOKEN_ENV]
     return parse_config(raw)
