@@ -85,7 +85,9 @@ class Failure:
 
     rank: int
     # "exit" (ended with an error), "signal" (killed: the device or its host went away), "heartbeat"
-    # (its heartbeats stopped; the backend killed it), "gone" (the backend lost the whole run).
+    # (its heartbeats stopped; the backend killed it), "gone" (the backend lost the whole run or the
+    # rank's pod), and on Kubernetes "node" (the cluster deleted the pod because its node failed) and
+    # "disruption" (the cluster took the pod away: preemption, eviction, a drain; nobody's fault).
     cause: str
     detected_at: float  # unix time of the detection
     exit_code: int | None = None
@@ -100,7 +102,7 @@ class Failure:
         """
         if self.cause == "signal" and self.exit_code == -signal.SIGTERM:
             return False
-        return self.cause in ("signal", "heartbeat")
+        return self.cause in ("signal", "heartbeat", "node")
 
 
 @dataclass(frozen=True)

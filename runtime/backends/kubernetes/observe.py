@@ -1,0 +1,158 @@
+"""What a run's pods say of it: the backend's ``Observation`` from the Pod objects of one run.
+
+The apiserver's answer is the evidence (plain JSON, as ``kubectl get pods -o json`` prints); this module
+decides what it means, so that the reconciler only lists, watches and hands the pods here.
+
+- Every rank ended with 0: succeeded. Every rank stopped on request (exit 4, after a full checkpoint): stopped.
+- A rank that ended on its own with an error is the user's: cause ``exit`` (an out-of-memory kill too,
+  with its reason), counted like any failure of the program.
+- A rank whose pod the cluster took away is not: the node under it failed (the taint manager or the
+  pod garbage collector deleted it, or the node was lost): cause ``node``, evidence against the device;
+  the cluster made room or drained (preemption, eviction through the API, the kubelet's pressure
+  eviction or graceful shutdown): cause ``disruption``, evidence against nobody.
+- A pod that lost its rank is ``gone``; a rank that died because a peer did (exit 3) is a victim, not a cause.
+- An image that cannot be pulled, or a container that cannot be created, fails the run at once with
+  the reason: no restart would fix it.
+
+Nothing here talks to a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from runtime.backends.base import Failure, Observation, Phase, RankState
+from runtime.backends.kubernetes.manifests import LABEL_RANK, LABEL_ROLE
+from runtime.worker.cli import EXIT_PEER_LOST, EXIT_STOPPED
+
+# DisruptionTarget reasons (Kubernetes 1.26+) by what they say of the node.
+_NODE_FAILED = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
+_DISRUPTED = frozenset({"PreemptionByScheduler", "EvictionByEvictionAPI", "TerminationByKubelet"})
+# Waiting reasons that no wait will cure.
+_HOPELESS_WAITS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"}
+)
+
+
+def _time(text: Any, default: float) -> float:
+    if not isinstance(text, str):
+        return default
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return default
+
+
+def _container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    return next((s for s in statuses if s.get("name") == "rank"), statuses[0] if statuses else {})
+
+
+def _disruption(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(cause, reason) when the cluster, not the rank, ended the pod."""
+    for condition in pod.get("status", {}).get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            reason = str(condition.get("reason", ""))
+            if reason in _NODE_FAILED:
+                return "node", reason
+            return "disruption", reason or "disrupted"
+    status_reason = pod.get("status", {}).get("reason")
+    if status_reason in ("NodeLost", "UnexpectedAdmissionError"):
+        return "node", str(status_reason)
+    if status_reason in ("Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown"):
+        return "disruption", str(status_reason)
+    return None
+
+
+def observation_of(
+    pods: Iterable[Mapping[str, Any]], world_size: int, *, now: float, parent_exists: bool = True
+) -> Observation:
+    """The run as its pods show it; ``parent_exists`` false: the run is gone from the cluster."""
+    if not parent_exists:
+        return Observation(phase=Phase.GONE, reason="the run's objects are gone from the cluster")
+    by_rank: dict[int, Mapping[str, Any]] = {}
+    store: Mapping[str, Any] | None = None
+    for item in pods:
+        labels = item.get("metadata", {}).get("labels") or {}
+        if labels.get(LABEL_ROLE) == "store":
+            store = item
+        elif labels.get(LABEL_ROLE) == "rank" and str(labels.get(LABEL_RANK, "")).isdigit():
+            by_rank[int(labels[LABEL_RANK])] = item
+
+    ranks: list[RankState] = []
+    failures: list[Failure] = []
+    ended: dict[int, int] = {}
+    pending: list[str] = []
+    for rank in range(world_size):
+        pod = by_rank.get(rank)
+        if pod is None:
+            # A pod that was created and is no longer there went with its node or someone's delete.
+            failures.append(Failure(rank=rank, cause="gone", detected_at=now))
+            ranks.append(RankState(rank=rank, pid=None, exit_code=None))
+            continue
+        container = _container(pod)
+        state = container.get("state") or {}
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in _HOPELESS_WAITS:
+            why = f"rank {rank}: {waiting['reason']}: {str(waiting.get('message', ''))[:300]}".rstrip(": ")
+            ranks.append(RankState(rank=rank, pid=None, exit_code=None))
+            return Observation(phase=Phase.FAILED, ranks=tuple(ranks), reason=why)
+        terminated = state.get("terminated")
+        disrupted = _disruption(pod)
+        phase = pod.get("status", {}).get("phase")
+        if terminated is None and disrupted is None and phase not in ("Failed", "Succeeded"):
+            ranks.append(RankState(rank=rank, pid=None, exit_code=None))
+            if phase != "Running":
+                pending.append(f"rank {rank} {str(phase or 'Pending').lower()}")
+            continue
+        code = terminated.get("exitCode") if isinstance(terminated, dict) else None
+        code = code if isinstance(code, int) else None
+        ranks.append(RankState(rank=rank, pid=None, exit_code=code))
+        if code is not None:
+            ended[rank] = code
+        at = _time((terminated or {}).get("finishedAt"), now)
+        if disrupted is not None:
+            cause, _ = disrupted
+            failures.append(Failure(rank=rank, cause=cause, detected_at=at, exit_code=code))
+        elif code not in (None, 0, EXIT_STOPPED, EXIT_PEER_LOST):
+            failures.append(Failure(rank=rank, cause="exit", detected_at=at, exit_code=code))
+        elif code is None:  # Failed with no terminated state: the pod ended without its container running
+            failures.append(Failure(rank=rank, cause="gone", detected_at=at))
+
+    failures.sort(key=lambda f: (f.detected_at, f.rank))
+    first = failures[0] if failures else None
+    everyone_ended = len(ended) == world_size
+    if first is not None:
+        reason = _failure_reason(first, by_rank.get(first.rank))
+        return Observation(
+            phase=Phase.FAILED if everyone_ended else Phase.RUNNING,
+            ranks=tuple(ranks),
+            reason=reason,
+            failure=first,
+            failures=tuple(failures),
+        )
+    if everyone_ended and all(code == 0 for code in ended.values()):
+        return Observation(phase=Phase.SUCCEEDED, ranks=tuple(ranks))
+    if everyone_ended and all(code in (0, EXIT_STOPPED) for code in ended.values()):
+        return Observation(phase=Phase.STOPPED, ranks=tuple(ranks), reason="stopped on request after a checkpoint")
+    if everyone_ended:  # only victims: a peer was lost and nobody saw it go
+        return Observation(phase=Phase.FAILED, ranks=tuple(ranks), reason="every rank lost its peers")
+    if store is not None and store.get("status", {}).get("phase") in ("Failed", "Succeeded"):
+        return Observation(phase=Phase.FAILED, ranks=tuple(ranks), reason="the rendezvous store's pod ended")
+    if pending:
+        return Observation(phase=Phase.PENDING, ranks=tuple(ranks), reason=", ".join(pending))
+    return Observation(phase=Phase.RUNNING, ranks=tuple(ranks))
+
+
+def _failure_reason(failure: Failure, pod: Mapping[str, Any] | None) -> str:
+    if failure.cause == "gone":
+        return f"rank {failure.rank}'s pod is gone"
+    if failure.cause in ("node", "disruption") and pod is not None:
+        _, why = _disruption(pod) or ("", "")
+        what = "its node failed" if failure.cause == "node" else "the cluster took its pod away"
+        return f"rank {failure.rank}: {what} ({why})"
+    terminated = ((_container(pod) if pod else {}).get("state") or {}).get("terminated") or {}
+    detail = terminated.get("reason") or "Error"
+    return f"rank {failure.rank} exited with {failure.exit_code} ({detail})"
