@@ -402,6 +402,14 @@ POLYCHIP_UPLOAD_LIMITS = {
     },
 }
 POLYCHIP_BACKEND = os.environ.get("POLYCHIP_BACKEND", "local")
+# The Kubernetes backend (issue 21, being built; jobs.checks names a bad value): the cluster (a kubeconfig
+# file, or empty for the in-cluster service account), the image built-in jobs' ranks run, and the
+# namespaces: one per tenant under the prefix, the control plane's own. Per-flavor extended resources,
+# node labels and tolerations are in the pool file's kubernetes sections.
+POLYCHIP_K8S_KUBECONFIG = os.environ.get("POLYCHIP_K8S_KUBECONFIG", "")
+POLYCHIP_K8S_WORKER_IMAGE = os.environ.get("POLYCHIP_K8S_WORKER_IMAGE", "")
+POLYCHIP_K8S_NAMESPACE_PREFIX = os.environ.get("POLYCHIP_K8S_NAMESPACE_PREFIX", "polychip-t-")
+POLYCHIP_K8S_CONTROL_PLANE_NAMESPACE = os.environ.get("POLYCHIP_K8S_CONTROL_PLANE_NAMESPACE", "polychip")
 POLYCHIP_POOL_FILE = os.environ.get("POLYCHIP_POOL_FILE", str(BASE_DIR / "runtime" / "pools" / "demo.yaml"))
 POLYCHIP_RUNS_DIR = Path(os.environ.get("POLYCHIP_RUNS_DIR", VAR_DIR / "runs"))
 POLYCHIP_ARTIFACTS_DIR = Path(os.environ.get("POLYCHIP_ARTIFACTS_DIR", VAR_DIR / "artifacts"))
