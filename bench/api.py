@@ -16,6 +16,8 @@
   processes, PostgreSQL's and this load generator spent per request during the 16-client run, and
   host_cores: with them, the most answers a second this host could give (cores / their sum) whatever
   the queueing, which bounds the latencies 16 closed-loop clients can see (Little's law: 16 / rate).
+  PostgreSQL's is every postgres process of the host (the server's backends are not told apart from
+  another program's), and the server's its processes alive at both readings: run it on a quiet host.
 - idempotent_duplicates: 32 clients released at once with the same Idempotency-Key and body; the jobs
   created beyond the first. Target: 0.
 - cli_help_s: the median wall time of `polychip --help` (the console script), 9 runs (5 with --quick).
@@ -165,8 +167,11 @@ def _descendants(pid: int) -> list[int]:
     while todo:
         current = todo.pop()
         found.append(current)
-        for task in Path(f"/proc/{current}/task").glob("*/children"):
-            todo += [int(child) for child in task.read_text().split()]
+        try:
+            for task in Path(f"/proc/{current}/task").glob("*/children"):
+                todo += [int(child) for child in task.read_text().split()]
+        except OSError:  # it exited while being read
+            continue
     return found
 
 

@@ -402,6 +402,9 @@ POLYCHIP_UPLOAD_LIMITS = {
     },
 }
 POLYCHIP_BACKEND = os.environ.get("POLYCHIP_BACKEND", "local")
+# The local backend runs tenants' python and torchrun code as a user of its own job: auto (where this host
+# can switch users, i.e. as root), required (refuse such jobs where it cannot), off.
+POLYCHIP_SANDBOX = os.environ.get("POLYCHIP_SANDBOX", "auto")
 # The Kubernetes backend (issue 21, being built; jobs.checks names a bad value): the cluster (a kubeconfig
 # file, or empty for the in-cluster service account), the image built-in jobs' ranks run, and the
 # namespaces: one per tenant under the prefix, the control plane's own. Per-flavor extended resources,

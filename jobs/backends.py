@@ -29,5 +29,6 @@ def get_backend() -> Backend:
             link_gbit=None if gbit is None else float(gbit),
             link_shaping=settings.POLYCHIP_LOCAL_LINK_SHAPING,
             telemetry_files=settings.POLYCHIP_LOCAL_TELEMETRY_FILES,
+            sandbox=settings.POLYCHIP_SANDBOX,
         )
     raise ValueError(f"POLYCHIP_BACKEND={settings.POLYCHIP_BACKEND!r} is not available yet; set POLYCHIP_BACKEND=local")

@@ -48,6 +48,10 @@ from runtime.worker.cli import EXIT_BAD_CONFIG
 
 log = logging.getLogger(__name__)
 
+# Failure causes that the Kubernetes backend reports (runtime.backends.kubernetes.observe).
+NODE_LOST = "node"
+DISRUPTION = "disruption"
+
 
 def _describe_failure(reason: str, device: str | None) -> str:
     first = reason.splitlines()[0] if reason else "the run failed"
@@ -86,7 +90,10 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
         # Every rank that failed on its own, not only the first.
         observed = (observation.failures if observation is not None else ()) or ((failure,) if failure else ())
         credit = _credit_reason(observed, what)
-        if not recoverable or job.restarts >= max_restarts:
+        # The cluster taking pods away (preemption, eviction, a drain) is nobody's failure: the restart
+        # is not counted against max_restarts, like a move the platform asked for.
+        counted = not observed or any(seen.cause != DISRUPTION for seen in observed)
+        if not recoverable or (counted and job.restarts >= max_restarts):
             why = (
                 what
                 if not recoverable
@@ -116,7 +123,8 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
                     "observed_after_s": detect_s,
                     "device_suspect": bool(failure and failure.device_suspect),
                 },
-                "restart": job.restarts + 1,
+                "restart": job.restarts + 1 if counted else job.restarts,
+                "counted": counted,
                 "max_restarts": max_restarts,
             },
         )
@@ -146,9 +154,13 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
             job,
             previous,
             torn_down=torn_down,
-            message=f"frozen after a failure; restart {job.restarts + 1} of at most {max_restarts}",
+            message=(
+                f"frozen after a failure; restart {job.restarts + 1} of at most {max_restarts}"
+                if counted
+                else "frozen: the cluster took the run's pods away; the restart is not counted"
+            ),
             credit_reason=credit,
-            restarts=job.restarts + 1,
+            restarts=job.restarts + 1 if counted else job.restarts,
             recovery=recovery,
         )
         if frozen is None:
@@ -167,6 +179,8 @@ def _credit_reason(observed: tuple[Failure, ...], what: str) -> str:
     suspects = [seen for seen in observed if seen.device_suspect]
     if suspects:
         return f"a device failed: {'; '.join(_cause_in_words(seen) for seen in suspects)}"[:300]
+    if observed and all(seen.cause == DISRUPTION for seen in observed):
+        return f"the cluster disrupted the run: {what}"[:300]
     if not observed:
         return f"the platform lost the run: {what}"[:300]
     return ""
@@ -180,6 +194,8 @@ KEEP_SUSPICIONS = 10
 def _cause_in_words(failure: Failure) -> str:
     if failure.cause == "heartbeat":
         return f"rank {failure.rank} sent no heartbeat and was killed"
+    if failure.cause == NODE_LOST:
+        return f"rank {failure.rank}'s pod was deleted with its node"
     if failure.exit_code is not None and failure.exit_code < 0:
         try:
             name = signal.Signals(-failure.exit_code).name
@@ -208,7 +224,9 @@ def _judge_devices(job: TrainingJob, evidence: dict[str, Failure]) -> None:
             for s in device.suspicions
             if isinstance(s, dict) and s.get("job") != job.pk and now - float(s.get("at", 0)) <= SUSPICION_WINDOW_S
         ]
-        if seen.cause != "heartbeat":
+        # Only a kill by a signal is proof by itself; a lost heartbeat or a lost node (the taint manager
+        # and the pod GC also act on an operator's taint or a scaled-down node) needs corroboration.
+        if seen.cause not in ("heartbeat", NODE_LOST):
             why = cause
         elif others:
             why = f"{cause}; job {others[-1]['job']} failed there too ({others[-1]['cause']})"
@@ -224,9 +242,9 @@ def _judge_devices(job: TrainingJob, evidence: dict[str, Failure]) -> None:
             data: dict[str, object] = {"device_failed": device.device_id, "cause": why}
         else:
             message = (
-                f"device {device.device_id} suspected: {cause}; one job's lost heartbeat does not mark a device "
-                "failed (its readings are normal), but another job's failure there will; this job's next attempt "
-                "avoids it"
+                f"device {device.device_id} suspected: {cause}; one job's "
+                f"{'lost node' if seen.cause == NODE_LOST else 'lost heartbeat'} does not mark a device failed "
+                "(its readings are normal), but another job's failure there will; this job's next attempt avoids it"
             )
             data = {"device_suspected": device.device_id, "cause": cause}
         transitions.record_event(job, kind=JobEvent.Kind.RECOVERY, message=message, data=data)

@@ -744,7 +744,7 @@ def check_quotas_for_form(*, tenant: Tenant, quotas: Sequence[QuotaSpec]) -> Non
 
 
 def quotas_for_admission() -> list[TenantQuotaView]:
-    """Every tenant, with its cohort, weight and quotas, in two queries (tenants, then quotas), as flat
+    """Every tenant, with its cohort, weight and quotas, in two queries (quotas, then tenants), as flat
     rows: every admission cycle and every submit's never-fits check reads them."""
     quotas: dict[int, dict[str, QuotaLimits]] = {}
     rows = Quota.objects.order_by("tenant_id", "resource").values_list(

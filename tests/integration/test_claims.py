@@ -324,3 +324,40 @@ def test_usage_of_an_attempt_a_device_ended_is_credited_and_user_code_failures_a
     billing.relay_usage()
     entries = LedgerEntry.objects.filter(job_id__in=[killed.pk, crashed.pk])
     assert {(e.job_id, bool(e.credit_reason)) for e in entries} == {(killed.pk, True), (crashed.pk, False)}
+
+
+def test_a_pod_lost_with_its_node_makes_a_suspect_not_a_failed_device(tenants, pool):
+    """Kubernetes' taint manager and pod GC also delete pods for an operator's taint or a scaled-down node:
+    like a lost heartbeat, one such loss is a suspicion until another job's failure corroborates it."""
+    ascend = list(
+        Device.objects.filter(flavor__name="ascend-910b").order_by("device_id").values_list("device_id", flat=True)
+    )
+    job = running_on(tenants[0].id, ascend[:2])
+    _fail(job, 1, "node")
+    suspect = Device.objects.get(device_id=ascend[1])
+    assert suspect.health == DeviceHealth.HEALTHY and [s["job"] for s in suspect.suspicions] == [job.pk]
+    message = JobEvent.objects.filter(job_id=job.pk, message__startswith=f"device {ascend[1]} suspected").get().message
+    assert "rank 1's pod was deleted with its node" in message and "one job's lost node" in message
+    assert TrainingJob.objects.get(pk=job.pk).restarts == 1  # a lost node counts like any failure
+    services.cancel_job(tenant_id=tenants[0].id, job_id=job.pk)
+
+
+def test_the_clusters_disruption_restarts_without_counting_and_is_credited(tenants, pool):
+    """Preemption, eviction or a drain by the cluster is nobody's failure: not counted against max_restarts,
+    not billed, no device suspected."""
+    ascend = list(
+        Device.objects.filter(flavor__name="ascend-910b").order_by("device_id").values_list("device_id", flat=True)
+    )
+    job = running_on(tenants[0].id, ascend[:2])
+    for _ in range(3):
+        _fail(TrainingJob.objects.get(pk=job.pk), 0, "disruption", exit_code=143)
+        after = TrainingJob.objects.get(pk=job.pk)
+        assert after.state == JobState.ADMITTED and after.restarts == 0  # placed again, nothing counted
+        TrainingJob.objects.filter(pk=job.pk).update(state=JobState.RUNNING)  # as its provisioning would
+    assert TrainingJob.objects.get(pk=job.pk).attempt == 3
+    assert not Device.objects.filter(device_id__in=ascend[:2]).exclude(suspicions=[]).exists()
+    frozen = JobEvent.objects.filter(job_id=job.pk, message__contains="restart is not counted").count()
+    assert frozen == 3
+    reasons = set(UsageRecord.objects.filter(job_id=job.pk).values_list("credit_reason", flat=True))
+    assert reasons and all(r.startswith("the cluster disrupted the run") for r in reasons), reasons
+    services.cancel_job(tenant_id=tenants[0].id, job_id=job.pk)

@@ -55,7 +55,7 @@ def test_every_manifest_validates_strictly():
         kubernetes_validate.validate(manifest, KUBERNETES, strict=True)
     kinds = {m["kind"] for m in checked}
     assert {"Deployment", "Job", "Service", "Ingress", "PodDisruptionBudget", "ConfigMap", "ClusterRole"} <= kinds
-    assert len(checked) == 13
+    assert len(checked) == 14
 
 
 def test_web_worker_beat_and_migrations_run_the_one_image_with_the_settings_and_secrets():
@@ -106,8 +106,11 @@ def _allowed(rules: list[dict[str, Any]], group: str, resource: str, verb: str) 
     return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"] for rule in rules)
 
 
-def test_the_control_planes_role_allows_what_the_backend_renders_and_reads():
-    rules = by_kind("ClusterRole")["polychip-control-plane"]["rules"]
+def test_the_control_plane_holds_pod_and_secret_rights_only_in_tenants_namespaces():
+    roles = by_kind("ClusterRole")
+    cluster_wide, per_tenant = roles["polychip-control-plane"]["rules"], roles["polychip-tenant-runs"]["rules"]
+    bound_cluster_wide = {b["roleRef"]["name"] for b in by_kind("ClusterRoleBinding").values()}
+    assert bound_cluster_wide == {"polychip-control-plane"}  # never the tenant-runs role
     config = ClusterConfig(worker_image="w", resources={"h100-sxm": "nvidia.com/gpu"})
     launch = LaunchRequest(
         job_id="job-1-a0",
@@ -117,22 +120,64 @@ def test_the_control_planes_role_allows_what_the_backend_renders_and_reads():
         telemetry_token="t",
         artifacts_dir="/data/artifacts/job-1-a0",
     )
-    rendered = [
-        *tenant_objects(config, "acme", {"nvidia.com/gpu": 8}),
-        run_parent(launch, "ns", {0: {}}),
-        *run_children(config, launch, "ns", "uid"),
-    ]
+    tenant = tenant_objects(config, "acme", {"nvidia.com/gpu": 8})
+    rendered = [*tenant, run_parent(launch, "ns", {0: {}}), *run_children(config, launch, "ns", "uid")]
     plural = {"NetworkPolicy": "networkpolicies", "ResourceQuota": "resourcequotas", "LimitRange": "limitranges"}
     for manifest in rendered:
         group = manifest["apiVersion"].rpartition("/")[0]
         resource = plural.get(manifest["kind"], manifest["kind"].lower() + "s")
-        for verb in ("create", "get", "list", "watch", "patch"):
+        # Namespaces and the RoleBinding into them are the cluster-wide role's; the rest the tenant role's.
+        rules = cluster_wide if manifest["kind"] in ("Namespace", "RoleBinding") else per_tenant
+        for verb in ("create", "get", "patch"):
             assert _allowed(rules, group, resource, verb), f"{verb} {manifest['kind']}"
-        if manifest["kind"] != "Namespace":
-            assert _allowed(rules, group, resource, "delete"), f"delete {manifest['kind']}"
-    assert _allowed(rules, "", "nodes", "watch") and _allowed(rules, "", "pods/log", "get")
-    assert not _allowed(rules, "", "nodes", "patch")  # the control plane never changes a node
-    assert not any("*" in rule["verbs"] or "*" in rule["resources"] for rule in rules)
+        if rules is per_tenant:
+            assert _allowed(rules, group, resource, "delete") and _allowed(rules, group, resource, "watch")
+    (binding,) = [m for m in tenant if m["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == "polychip-tenant-runs"
+    assert binding["subjects"][0]["name"] in {
+        s["name"] for s in by_kind("ClusterRoleBinding")["polychip-control-plane"]["subjects"]
+    }
+    assert any(r.get("resourceNames") == ["polychip-tenant-runs"] and r["verbs"] == ["bind"] for r in cluster_wide)
+    assert _allowed(cluster_wide, "", "nodes", "watch") and _allowed(per_tenant, "", "pods/log", "get")
+    for kind in ("pods", "secrets", "configmaps", "services"):
+        assert not any(kind in rule["resources"] for rule in cluster_wide), f"{kind} cluster-wide"
+    assert not _allowed(cluster_wide, "", "nodes", "patch")  # the control plane never changes a node
+    assert not any("*" in rule["verbs"] or "*" in rule["resources"] for rule in cluster_wide + per_tenant)
+
+
+def test_only_the_workers_mount_the_control_planes_token():
+    mounts = {
+        m["metadata"]["name"]: m["spec"]["template"]["spec"].get("automountServiceAccountToken", True)
+        for m in manifests()
+        if m["kind"] in ("Deployment", "Job")
+    }
+    assert mounts == {
+        "polychip-migrate": False,
+        "polychip-web": False,
+        "polychip-worker": True,
+        "polychip-beat": False,
+    }
+
+
+def test_the_web_probes_pass_the_hosts_check_and_the_https_redirect():
+    from django.test import Client, override_settings
+
+    web = by_kind("Deployment")["polychip-web"]["spec"]["template"]["spec"]["containers"][0]
+    config = by_kind("ConfigMap")["polychip-config"]["data"]
+    assert config["POLYCHIP_ENV"] == "production" and config["POLYCHIP_SANDBOX"] == "required"
+    hosts = config["DJANGO_ALLOWED_HOSTS"].split(",")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        headers = {h["name"]: h["value"] for h in web[probe]["httpGet"]["httpHeaders"]}
+        assert headers["Host"] in hosts and headers["X-Forwarded-Proto"] == "https"
+        with override_settings(
+            ALLOWED_HOSTS=hosts,
+            SECURE_SSL_REDIRECT=True,
+            SECURE_PROXY_SSL_HEADER=("HTTP_X_FORWARDED_PROTO", "https"),
+        ):
+            client = Client()
+            answered = client.get(web[probe]["httpGet"]["path"], headers=headers)
+            assert answered.status_code == 200, probe
+            assert client.get("/healthz", headers={"Host": "10.0.3.7:8000"}).status_code == 400  # the pod's IP
 
 
 def test_the_containerfile_copies_what_exists_from_a_pinned_base_and_runs_as_a_user():

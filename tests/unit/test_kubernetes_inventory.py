@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runtime.backends.kubernetes import cluster_settings, node_state, read_inventory
+from runtime.backends.kubernetes import NodeState, cluster_settings, node_state, read_inventory
 from runtime.inventory import Health, PoolFileError, parse_pool
 
 pytestmark = pytest.mark.unit
@@ -83,7 +83,7 @@ def test_nodes_become_the_pool_by_labels_and_allocatable_devices():
     }
     devices = inventory.pool.devices()
     assert len(devices) == 24 and devices[0].device_id == "gpu-b/0" and devices[0].memory_gib == 80
-    assert set(inventory.device_health().values()) == {Health.HEALTHY}
+    assert {state.health for state in inventory.device_health().values()} == {Health.HEALTHY}
     assert inventory.pool.fabric().hops("gpu-b", "npu-a") > inventory.pool.fabric().hops("gpu-b", "gpu-b")
 
 
@@ -141,17 +141,33 @@ def test_a_nodes_health_from_conditions_cordon_and_taints(spec, conditions, expe
     assert (state.health, state.reason) == expected
 
 
-def test_withdrawn_devices_degrade_a_node_and_its_state_is_each_devices():
+def test_devices_a_node_no_longer_allocates_are_failed_and_a_nodes_state_is_its_devices():
     withdrawn = node("gpu-a", H100)
     withdrawn["status"]["allocatable"]["nvidia.com/gpu"] = "6"
     cordoned = node("gpu-b", H100, spec__unschedulable=True)
     inventory = read_inventory([withdrawn, cordoned], parse_pool(pool_document()))
-    assert inventory.health["gpu-a"].health == Health.DEGRADED
-    assert inventory.health["gpu-a"].reason == "2 of 8 nvidia.com/gpu withdrawn"
-    assert [n.devices for n in inventory.pool.nodes] == [6, 8]
+    assert [n.devices for n in inventory.pool.nodes] == [8, 8]  # capacity: what the database keeps
+    assert inventory.withdrawn == {"gpu-a": 2}
     health = inventory.device_health()
-    assert health["gpu-a/5"] == Health.DEGRADED and "gpu-a/6" not in health
-    assert health["gpu-b/7"] == Health.CORDONED
+    assert health["gpu-a/5"].health == Health.HEALTHY
+    assert health["gpu-a/6"] == NodeState(Health.FAILED, "withdrawn by the device plugin (not allocatable)")
+    assert health["gpu-a/7"].health == Health.FAILED
+    assert health["gpu-b/7"] == NodeState(Health.CORDONED, "cordoned")
+    schedulable = [d for d, state in health.items() if state.health.schedulable and d.startswith("gpu-a/")]
+    assert len(schedulable) == 6  # what the node allocates
+
+
+def test_a_gpu_nodes_own_taint_is_tolerated_by_default():
+    settings = cluster_settings(parse_pool(pool_document()))
+    ascend = next(s for s in settings.selectors if s.flavor == "ascend-910b")
+    assert ascend.tolerations == frozenset({"huawei.com/Ascend910"})
+    tainted = node(
+        "npu-a",
+        ASCEND,
+        resource="huawei.com/Ascend910",
+        spec__taints=[{"key": "huawei.com/Ascend910", "value": "present", "effect": "NoSchedule"}],
+    )
+    assert read_inventory([tainted], parse_pool(pool_document())).health["npu-a"].health == Health.HEALTHY
 
 
 def test_coordinates_from_a_label_for_the_pools_topology():

@@ -64,11 +64,24 @@ def test_a_tenants_namespace_is_guarded_by_quota_limits_and_a_default_deny_polic
     assert by_kind["ServiceAccount"]["automountServiceAccountToken"] is False
     policy = by_kind["NetworkPolicy"]["spec"]
     assert policy["podSelector"] == {} and policy["policyTypes"] == ["Ingress", "Egress"]
-    sources = policy["ingress"][0]["from"]
-    assert {"podSelector": {}} in sources
-    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "polychip"}}} in sources
-    assert len(policy["ingress"]) == 1  # nothing else may reach the tenant's pods
-    assert policy["egress"][1]["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    assert policy["ingress"] == [{"from": [{"podSelector": {}}]}]  # only the tenant's own pods reach them
+    own, web, dns = policy["egress"]
+    assert own == {"to": [{"podSelector": {}}]}
+    assert web == {  # telemetry to the control plane's web pods, nothing else of it
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "polychip"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/component": "web"}},
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": 8000}],
+    }
+    assert dns["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    binding = by_kind["RoleBinding"]
+    assert binding["roleRef"]["name"] == "polychip-tenant-runs" and binding["roleRef"]["kind"] == "ClusterRole"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "polychip-control-plane", "namespace": "polychip"}
+    ]
 
 
 @pytest.mark.parametrize("slug", ["Has_Underscore", "x" * 60, "dot.ted"])
@@ -114,7 +127,7 @@ def test_a_rank_pod_is_pinned_to_its_node_asks_one_device_of_its_flavor_and_has_
     (pod,) = pods
     spec = pod["spec"]
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["npu-b"]}]}]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["npu-b"]}]}]
     (container,) = spec["containers"]
     assert container["resources"]["limits"]["huawei.com/Ascend910"] == "1"
     assert container["resources"]["requests"] == container["resources"]["limits"]
@@ -141,8 +154,15 @@ def test_a_container_job_runs_the_tenants_image_and_command_with_the_same_enviro
     )
     pod = [valid(o) for o in run_children(CONFIG, request(workload), "ns", UID)][-1]
     (container,) = pod["spec"]["containers"]
-    assert (container["image"], container["command"]) == ("ghcr.io/acme/train:3", ["torchrun", "train.py"])
+    assert (container["image"], container["command"], container["args"]) == (
+        "ghcr.io/acme/train:3",
+        ["torchrun"],
+        ["train.py"],
+    )
     assert {"name": "A", "value": "1"} in container["env"]
+    only_args = WorkloadSpec(kind="container", image="ghcr.io/acme/train:3", args=("--epochs", "3"))
+    (container,) = run_children(CONFIG, request(only_args), "ns", UID)[-1]["spec"]["containers"]
+    assert "command" not in container and container["args"] == ["--epochs", "3"]  # the image's entrypoint runs
 
 
 @pytest.mark.parametrize(
@@ -178,6 +198,7 @@ def test_a_worker_reads_its_token_from_the_environment_when_the_shared_config_le
     shared = {k: v for k, v in worker.to_dict().items() if k != "telemetry_token"}
     path = tmp_path / "rank0.json"
     path.write_text(json.dumps(shared))
+    monkeypatch.delenv(TELEMETRY_TOKEN_ENV, raising=False)
     assert load_config(path).telemetry_token == ""
     monkeypatch.setenv(TELEMETRY_TOKEN_ENV, "from-the-secret")
     assert load_config(path).telemetry_token == "from-the-secret"

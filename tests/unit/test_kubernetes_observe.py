@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from runtime.backends.base import Phase
-from runtime.backends.kubernetes.observe import observation_of
+from runtime.backends.kubernetes.observe import PULL_GRACE_S, observation_of
+from runtime.worker.cli import EXIT_BAD_CONFIG
 
 pytestmark = pytest.mark.unit
 
@@ -113,11 +114,29 @@ def test_a_rank_whose_pod_vanished_is_gone():
     assert (seen.failure.rank, seen.failure.cause, seen.reason) == (1, "gone", "rank 1's pod is gone")
 
 
-def test_an_image_that_cannot_be_pulled_fails_the_run_at_once_with_the_reason():
+def test_an_image_that_still_cannot_be_pulled_fails_the_run_as_the_programs_fault_not_to_be_retried():
     waiting = {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "ghcr.io/acme/nope:1"'}}
-    seen = observe(rank_pod(0), rank_pod(1, "Pending", **waiting))
+    fresh = rank_pod(1, "Pending", **waiting)
+    fresh["metadata"]["creationTimestamp"] = datetime.fromtimestamp(NOW - 60, UTC).isoformat()
+    early = observe(rank_pod(0), fresh)
+    assert (early.phase, early.reason, early.failure) == (Phase.PENDING, "rank 1 ImagePullBackOff", None)
+    fresh["metadata"]["creationTimestamp"] = datetime.fromtimestamp(NOW - PULL_GRACE_S, UTC).isoformat()
+    seen = observe(rank_pod(0), fresh)
     assert seen.phase == Phase.FAILED
     assert seen.reason == 'rank 1: ImagePullBackOff: Back-off pulling image "ghcr.io/acme/nope:1"'
+    assert (seen.failure.rank, seen.failure.cause, seen.failure.exit_code) == (1, "exit", EXIT_BAD_CONFIG)
+
+
+def test_an_image_name_that_cannot_be_one_fails_at_once():
+    seen = observe(rank_pod(0), rank_pod(1, "Pending", waiting={"reason": "InvalidImageName"}))
+    assert (seen.phase, seen.failure.exit_code) == (Phase.FAILED, EXIT_BAD_CONFIG)
+
+
+def test_a_container_jobs_exit_codes_are_its_own():
+    ended_4 = [rank_pod(0, "Failed", **ended(4)), rank_pod(1, "Failed", **ended(4))]
+    assert observation_of([store_pod(), *ended_4], 2, now=NOW).phase == Phase.STOPPED  # the worker's meaning
+    theirs = observation_of([store_pod(), *ended_4], 2, now=NOW, polychip_exit_codes=False)
+    assert (theirs.phase, theirs.failure.cause, theirs.failure.exit_code) == (Phase.FAILED, "exit", 4)
 
 
 def test_a_store_that_ended_fails_the_run_and_a_missing_parent_is_gone():

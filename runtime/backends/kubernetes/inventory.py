@@ -5,8 +5,10 @@ which extended resource counts its devices and which node labels mark its nodes)
 the nodes. A node is of a flavor when it carries every label of that flavor's ``node_labels`` (by
 default ``polychip.io/flavor: <flavor>``) and allocates at least one of its ``resource`` (by default
 the vendor's device plugin resource: ``nvidia.com/gpu``, ``amd.com/gpu``, ``huawei.com/Ascend910``,
-``google.com/tpu``). Its devices are what it allocates: a device plugin withdraws an unhealthy chip
-from ``allocatable``, so a node with fewer allocatable than capacity is marked degraded.
+``google.com/tpu``). Its devices are its capacity of that resource; a device plugin withdraws an
+unhealthy chip from ``allocatable``, so the devices beyond what the node allocates are failed (with the
+reason), lest a placement count on a device no pod could get. Which chip was withdrawn the node does
+not say, and Polychip pins a pod to its node and a count, not to a chip: the last indices stand for them.
 
 Topology comes from labels named in the file's top-level ``kubernetes`` section: the rack
 (``rack_label``, default ``polychip.io/rack``; ``topology.kubernetes.io/zone`` is a common choice)
@@ -15,8 +17,9 @@ and, when the file declares a topology, the node's coordinates (``coords_label``
 
 Health comes from the node: not Ready, or its network unavailable: failed; cordoned
 (``spec.unschedulable``) or tainted NoSchedule/NoExecute by a key that Polychip's pods do not
-tolerate (the flavor's ``tolerations``): cordoned; memory, disk or PID pressure, or withdrawn
-devices: degraded. Every node left out, and every node not healthy, comes with the reason.
+tolerate (the flavor's ``tolerations``, by default its resource's name, the taint GPU node pools carry):
+cordoned; memory, disk or PID pressure: degraded. Every node left out, and every node not healthy,
+comes with the reason.
 
 Input here is what the apiserver answered (plain JSON, as ``kubectl get nodes -o json`` prints):
 nothing in this module talks to a cluster.
@@ -97,10 +100,19 @@ class ClusterInventory:
     pool: Pool
     health: dict[str, NodeState] = field(default_factory=dict)  # by node name
     left_out: dict[str, str] = field(default_factory=dict)  # node name -> why it is not in the pool
+    withdrawn: dict[str, int] = field(default_factory=dict)  # node name -> devices it no longer allocates
 
-    def device_health(self) -> dict[str, Health]:
-        """Every device's health (a node's state is its devices')."""
-        return {device.device_id: self.health[device.node].health for device in self.pool.devices()}
+    def device_health(self) -> dict[str, NodeState]:
+        """Every device's state: its node's, but failed for the devices the node no longer allocates."""
+        states = {}
+        for device in self.pool.devices():
+            node = next(n for n in self.pool.nodes if n.name == device.node)
+            gone = self.withdrawn.get(device.node, 0)
+            if device.index >= node.devices - gone:
+                states[device.device_id] = NodeState(Health.FAILED, "withdrawn by the device plugin (not allocatable)")
+            else:
+                states[device.device_id] = self.health[device.node]
+        return states
 
 
 def cluster_settings(pool: Pool) -> ClusterSettings:
@@ -133,7 +145,7 @@ def cluster_settings(pool: Pool) -> ClusterSettings:
             raise PoolFileError(
                 f"{where}.node_labels: expected a non-empty mapping of label to value, e.g. {{{FLAVOR_LABEL}: {name}}}"
             )
-        tolerations = section.get("tolerations", [])
+        tolerations = section.get("tolerations", [resource] if isinstance(resource, str) else [])
         if not isinstance(tolerations, list) or not all(isinstance(key, str) for key in tolerations):
             raise PoolFileError(f"{where}.tolerations: expected a list of taint keys, e.g. [{resource}]")
         selectors.append(FlavorSelector(name, resource, dict(node_labels), frozenset(tolerations)))
@@ -197,6 +209,7 @@ def read_inventory(nodes: Iterable[Mapping[str, Any]], pool: Pool) -> ClusterInv
     found: list[NodeSpec] = []
     health: dict[str, NodeState] = {}
     left_out: dict[str, str] = {}
+    withdrawn: dict[str, int] = {}
     places: dict[tuple[int, ...], str] = {}
     for node in sorted(nodes, key=lambda n: n.get("metadata", {}).get("name", "")):
         name = node.get("metadata", {}).get("name", "")
@@ -225,10 +238,12 @@ def read_inventory(nodes: Iterable[Mapping[str, Any]], pool: Pool) -> ClusterInv
             left_out[name] = f"coordinates {list(coords)} are also node {places[coords]!r}'s"
             continue
         places[coords] = name
-        state = node_state(node, selector.tolerations)
-        if state.health == Health.HEALTHY and capacity is not None and capacity > allocatable:
-            state = NodeState(Health.DEGRADED, f"{capacity - allocatable} of {capacity} {selector.resource} withdrawn")
-        health[name] = state
+        health[name] = node_state(node, selector.tolerations)
+        devices = max(allocatable, capacity or 0)
+        if devices > allocatable:
+            withdrawn[name] = devices - allocatable
         rack = labels.get(settings.rack_label, "")
-        found.append(NodeSpec(name=name, flavor=selector.flavor, devices=allocatable, rack=rack, coords=coords))
-    return ClusterInventory(pool=replace(pool, nodes=tuple(found)), health=health, left_out=left_out)
+        found.append(NodeSpec(name=name, flavor=selector.flavor, devices=devices, rack=rack, coords=coords))
+    return ClusterInventory(
+        pool=replace(pool, nodes=tuple(found)), health=health, left_out=left_out, withdrawn=withdrawn
+    )

@@ -1,9 +1,11 @@
 """The Kubernetes objects of a tenant and of a job's attempt, as plain manifests (dicts the apiserver takes).
 
 A tenant gets a namespace of its own with, as defence in depth beside Polychip's own admission, a
-ResourceQuota per extended resource it may use, a LimitRange, a NetworkPolicy that denies all traffic
-but its own pods' and the control plane's (and DNS), and a service account with no API rights and no
-token mounted.
+ResourceQuota per extended resource it may use, a LimitRange, a NetworkPolicy that admits only its own
+pods' traffic and lets them reach only each other, the control plane's web pods (telemetry) and DNS,
+a service account with no API rights and no token mounted, and the RoleBinding that gives the control
+plane its rights there (``TENANT_RUNS_ROLE``, a ClusterRole bound in tenants' namespaces only: the
+control plane holds no such right cluster-wide).
 
 A job's attempt (a *run*) is one parent object, a ConfigMap holding each rank's worker config without
 its secret, and children that name it as their owner, so that tearing the run down is one delete:
@@ -24,6 +26,12 @@ a pod gets; Polychip pins the node and the count (device ids are the node's name
 Built-in jobs run the Polychip worker image; ``container`` jobs the tenant's image and command with the
 same environment. ``python`` and ``torchrun`` jobs need their code bundle in the pod: not yet rendered
 here (a later part of issue 21), refused with that reason.
+
+Known, to fix before the backend runs jobs: each rank's config repeats arrays as long as the world (the
+split, the scores), so the parent ConfigMap grows with the square of the ranks and passes the
+apiserver's 1 MiB near 256 ranks (a shared config and per-rank fields instead); and the ranks' telemetry
+URL must be the control plane's in-cluster address (the web Service), which the NetworkPolicy admits,
+not its public one behind the Ingress.
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ LABEL_MANAGED = "app.kubernetes.io/managed-by"
 MANAGER = "polychip"
 CONFIG_DIR = "/etc/polychip/run"
 RUNNER_ACCOUNT = "polychip-runner"
+CONTROL_PLANE_ACCOUNT = "polychip-control-plane"
+TENANT_RUNS_ROLE = "polychip-tenant-runs"  # deploy/kubernetes/base/rbac.yaml
+WEB_PORT = 8000
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -91,8 +102,14 @@ def tenant_objects(config: ClusterConfig, tenant_slug: str, device_limits: Mappi
     namespace = tenant_namespace(config, tenant_slug)
     labels = {LABEL_TENANT: tenant_slug}
     own_pods: dict[str, Any] = {"podSelector": {}}
-    control_plane = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.control_plane_namespace}}
+    control_plane_web = {
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.control_plane_namespace}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/component": "web"}},
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": WEB_PORT}],
     }
     dns = {
         "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}],
@@ -134,9 +151,18 @@ def tenant_objects(config: ClusterConfig, tenant_slug: str, device_limits: Mappi
             "spec": {
                 "podSelector": {},
                 "policyTypes": ["Ingress", "Egress"],
-                "ingress": [{"from": [own_pods, control_plane]}],
-                "egress": [{"to": [own_pods, control_plane]}, dns],
+                "ingress": [{"from": [own_pods]}],
+                "egress": [{"to": [own_pods]}, control_plane_web, dns],
             },
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata("polychip-control-plane", namespace, **labels),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": TENANT_RUNS_ROLE},
+            "subjects": [
+                {"kind": "ServiceAccount", "name": CONTROL_PLANE_ACCOUNT, "namespace": config.control_plane_namespace}
+            ],
         },
     ]
 
@@ -176,7 +202,6 @@ def run_children(config: ClusterConfig, request: LaunchRequest, namespace: str, 
         "name": run,
         "uid": owner_uid,
         "controller": True,
-        "blockOwnerDeletion": True,
     }
 
     def owned(name: str, **labels: str) -> dict[str, Any]:
@@ -279,8 +304,9 @@ def _rank_pod(
     env_list.append(
         {"name": TELEMETRY_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": f"{run}-token", "key": "token"}}}
     )
-    if workload.kind == "container":
-        image, command = workload.image, [*workload.command, *workload.args]
+    args: list[str] = []
+    if workload.kind == "container":  # no command: the image's entrypoint, with the args
+        image, command, args = workload.image, list(workload.command), list(workload.args)
     else:
         image, command = (
             config.worker_image,
@@ -298,7 +324,10 @@ def _rank_pod(
     }
     if command:
         container["command"] = command
-    node_term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}
+    if args:
+        container["args"] = args
+    # By the Node object's name, as the inventory knows nodes (a hostname label can differ from it).
+    node_term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
     return {
         "apiVersion": "v1",
         "kind": "Pod",

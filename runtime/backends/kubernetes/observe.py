@@ -11,8 +11,12 @@ decides what it means, so that the reconciler only lists, watches and hands the 
   the cluster made room or drained (preemption, eviction through the API, the kubelet's pressure
   eviction or graceful shutdown): cause ``disruption``, evidence against nobody.
 - A pod that lost its rank is ``gone``; a rank that died because a peer did (exit 3) is a victim, not a cause.
-- An image that cannot be pulled, or a container that cannot be created, fails the run at once with
-  the reason: no restart would fix it.
+- An image name that cannot be one fails the run at once, and an image that still cannot be pulled (or a
+  container that still cannot be created) ``PULL_GRACE_S`` after its pod was made fails it then, with
+  the reason and as the program's fault, not to be restarted: no restart would fix it. Before that the
+  run is pending with the reason, since a registry's refusal or a late Secret can pass.
+- A ``container`` job's exit codes are the tenant program's own: only the Polychip worker's meanings
+  (3: a peer was lost, 4: stopped on request) are read for the others (``polychip_exit_codes``).
 
 Nothing here talks to a cluster.
 """
@@ -25,15 +29,15 @@ from typing import Any
 
 from runtime.backends.base import Failure, Observation, Phase, RankState
 from runtime.backends.kubernetes.manifests import LABEL_RANK, LABEL_ROLE
-from runtime.worker.cli import EXIT_PEER_LOST, EXIT_STOPPED
+from runtime.worker.cli import EXIT_BAD_CONFIG, EXIT_PEER_LOST, EXIT_STOPPED
 
 # DisruptionTarget reasons (Kubernetes 1.26+) by what they say of the node.
 _NODE_FAILED = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
 _DISRUPTED = frozenset({"PreemptionByScheduler", "EvictionByEvictionAPI", "TerminationByKubelet"})
-# Waiting reasons that no wait will cure.
-_HOPELESS_WAITS = frozenset(
-    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"}
-)
+# Waiting reasons that no wait will cure, and those that a wait may (a registry's 429, a Secret made late).
+_HOPELESS_WAITS = frozenset({"InvalidImageName"})
+_DOUBTFUL_WAITS = frozenset({"ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError"})
+PULL_GRACE_S = 300.0
 
 
 def _time(text: Any, default: float) -> float:
@@ -67,9 +71,16 @@ def _disruption(pod: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 def observation_of(
-    pods: Iterable[Mapping[str, Any]], world_size: int, *, now: float, parent_exists: bool = True
+    pods: Iterable[Mapping[str, Any]],
+    world_size: int,
+    *,
+    now: float,
+    parent_exists: bool = True,
+    polychip_exit_codes: bool = True,
 ) -> Observation:
-    """The run as its pods show it; ``parent_exists`` false: the run is gone from the cluster."""
+    """The run as its pods show it; ``parent_exists`` false: the run is gone from the cluster;
+    ``polychip_exit_codes`` false for a container job, whose exit codes mean what its program says."""
+    stopped, peer_lost = (EXIT_STOPPED, EXIT_PEER_LOST) if polychip_exit_codes else (None, None)
     if not parent_exists:
         return Observation(phase=Phase.GONE, reason="the run's objects are gone from the cluster")
     by_rank: dict[int, Mapping[str, Any]] = {}
@@ -95,10 +106,21 @@ def observation_of(
         container = _container(pod)
         state = container.get("state") or {}
         waiting = state.get("waiting") or {}
-        if waiting.get("reason") in _HOPELESS_WAITS:
+        made_at = _time(pod.get("metadata", {}).get("creationTimestamp"), now)
+        if waiting.get("reason") in _HOPELESS_WAITS or (
+            waiting.get("reason") in _DOUBTFUL_WAITS and now - made_at >= PULL_GRACE_S
+        ):
             why = f"rank {rank}: {waiting['reason']}: {str(waiting.get('message', ''))[:300]}".rstrip(": ")
             ranks.append(RankState(rank=rank, pid=None, exit_code=None))
-            return Observation(phase=Phase.FAILED, ranks=tuple(ranks), reason=why)
+            # The program's fault and not to be retried: what a worker's unusable config also means.
+            hopeless = Failure(rank=rank, cause="exit", detected_at=now, exit_code=EXIT_BAD_CONFIG)
+            return Observation(
+                phase=Phase.FAILED, ranks=tuple(ranks), reason=why, failure=hopeless, failures=(hopeless,)
+            )
+        if waiting.get("reason") in _DOUBTFUL_WAITS:
+            ranks.append(RankState(rank=rank, pid=None, exit_code=None))
+            pending.append(f"rank {rank} {waiting['reason']}")
+            continue
         terminated = state.get("terminated")
         disrupted = _disruption(pod)
         phase = pod.get("status", {}).get("phase")
@@ -116,7 +138,7 @@ def observation_of(
         if disrupted is not None:
             cause, _ = disrupted
             failures.append(Failure(rank=rank, cause=cause, detected_at=at, exit_code=code))
-        elif code not in (None, 0, EXIT_STOPPED, EXIT_PEER_LOST):
+        elif code not in (None, 0, stopped, peer_lost):
             failures.append(Failure(rank=rank, cause="exit", detected_at=at, exit_code=code))
         elif code is None:  # Failed with no terminated state: the pod ended without its container running
             failures.append(Failure(rank=rank, cause="gone", detected_at=at))
@@ -135,7 +157,7 @@ def observation_of(
         )
     if everyone_ended and all(code == 0 for code in ended.values()):
         return Observation(phase=Phase.SUCCEEDED, ranks=tuple(ranks))
-    if everyone_ended and all(code in (0, EXIT_STOPPED) for code in ended.values()):
+    if everyone_ended and all(code in (0, stopped) for code in ended.values()):
         return Observation(phase=Phase.STOPPED, ranks=tuple(ranks), reason="stopped on request after a checkpoint")
     if everyone_ended:  # only victims: a peer was lost and nobody saw it go
         return Observation(phase=Phase.FAILED, ranks=tuple(ranks), reason="every rank lost its peers")
