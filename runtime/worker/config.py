@@ -468,8 +468,18 @@ def _parse_split(raw: dict[str, Any], global_batch: int, world_size: int) -> tup
 
 
 def load_config(path: str | Path) -> WorkerConfig:
+    """A rank's config from its file. A file with ``"shared": NAME`` holds only what is its own rank's: the
+    rest is in NAME, beside it (one file for what every rank shares: a Kubernetes ConfigMap stays small)."""
     try:
         raw = json.loads(Path(path).read_text())
+        if isinstance(raw, dict) and "shared" in raw:
+            shared_name = raw.pop("shared")
+            if not isinstance(shared_name, str) or Path(shared_name).name != shared_name:
+                raise ConfigError("shared", f"{shared_name!r}; give the name of a file beside {path}")
+            shared = json.loads((Path(path).parent / shared_name).read_text())
+            if not isinstance(shared, dict):
+                raise ConfigError("shared", f"{shared_name} holds no mapping of settings")
+            raw = {**shared, **raw}
     except json.JSONDecodeError as exc:
         raise ConfigError("config", f"{path} is not valid JSON ({exc})") from None
     if isinstance(raw, dict) and not raw.get("telemetry_token") and os.environ.get(TELEMETRY_TOKEN_ENV):

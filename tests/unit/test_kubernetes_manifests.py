@@ -94,9 +94,48 @@ def test_the_parent_holds_every_ranks_config_but_not_the_token():
     configs = {r: {"rank": r, "job_id": RUN, "telemetry_token": "ingest-secret"} for r in (0, 1)}
     parent = valid(run_parent(request(), "polychip-t-acme", configs))
     assert parent["kind"] == "ConfigMap" and parent["metadata"]["name"] == RUN
-    assert sorted(parent["data"]) == ["rank0.json", "rank1.json"]
-    assert json.loads(parent["data"]["rank1.json"]) == {"rank": 1, "job_id": RUN}
+    assert sorted(parent["data"]) == ["rank0.json", "rank1.json", "shared.json"]
+    assert json.loads(parent["data"]["shared.json"]) == {"job_id": RUN}
+    assert json.loads(parent["data"]["rank1.json"]) == {"rank": 1, "shared": "shared.json"}
     assert "ingest-secret" not in json.dumps(parent)
+
+
+def test_a_256_rank_run_fits_one_object_and_each_worker_reads_back_its_whole_config(tmp_path, monkeypatch):
+    """Each rank's config repeats arrays as long as the world: written whole per rank, 256 ranks passed the
+    apiserver's 1 MiB per object. Shared once, the object stays small, and every worker reads exactly the
+    config it was given."""
+    from runtime.worker.config import WorkerConfig
+
+    world = 256
+    workers = {
+        rank: WorkerConfig(
+            job_id=RUN,
+            rank=rank,
+            world_size=world,
+            master_addr=f"store.{RUN}",
+            master_port=29500,
+            flavor="h100-sxm" if rank % 2 else "ascend-910b",
+            device_id=f"node-{rank // 8}/{rank % 8}",
+            workload=WorkloadSpec(global_batch=world * 4),
+            micro_batches=(4,) * world,
+            artifacts_dir=str(tmp_path),
+            scores=tuple(1.0 + (r % 2) * 2.1 for r in range(world)),
+            caps=(64,) * world,
+            vendor_groups=tuple(r % 2 for r in range(world)),
+            telemetry_token="ingest-secret",
+        )
+        for rank in range(world)
+    }
+    whole = {rank: w.to_dict() for rank, w in workers.items()}
+    assert sum(len(json.dumps(c)) for c in whole.values()) > 2**20  # what one file per rank would weigh
+    parent = run_parent(request(), "ns", whole)
+    size = sum(len(key) + len(value) for key, value in parent["data"].items())
+    assert size < 2**20 / 4, size
+    for name, text in parent["data"].items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv(TELEMETRY_TOKEN_ENV, "ingest-secret")
+    for rank in (0, 1, 255):
+        assert load_config(tmp_path / f"rank{rank}.json") == workers[rank]
 
 
 def test_every_child_is_owned_by_the_parent_so_one_delete_tears_the_run_down():
@@ -209,3 +248,11 @@ def test_the_schema_check_is_strict_enough_to_catch_a_misspelt_field():
     pod["spec"]["nodeAfinity"] = pod["spec"].pop("affinity")
     with pytest.raises(kubernetes_validate.ValidationError, match="nodeAfinity"):
         valid(pod)
+
+
+def test_a_shared_config_must_lie_beside_the_ranks_file(tmp_path):
+    from runtime.worker.config import ConfigError
+
+    (tmp_path / "rank0.json").write_text(json.dumps({"rank": 0, "shared": "../elsewhere.json"}))
+    with pytest.raises(ConfigError, match="shared"):
+        load_config(tmp_path / "rank0.json")

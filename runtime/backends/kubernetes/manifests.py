@@ -27,11 +27,9 @@ Built-in jobs run the Polychip worker image; ``container`` jobs the tenant's ima
 same environment. ``python`` and ``torchrun`` jobs need their code bundle in the pod: not yet rendered
 here (a later part of issue 21), refused with that reason.
 
-Known, to fix before the backend runs jobs: each rank's config repeats arrays as long as the world (the
-split, the scores), so the parent ConfigMap grows with the square of the ranks and passes the
-apiserver's 1 MiB near 256 ranks (a shared config and per-rank fields instead); and the ranks' telemetry
-URL must be the control plane's in-cluster address (the web Service), which the NetworkPolicy admits,
-not its public one behind the Ingress.
+Known, to fix before the backend runs jobs: the ranks' telemetry URL must be the control plane's
+in-cluster address (the web Service), which the NetworkPolicy admits, not its public one behind the
+Ingress.
 """
 
 from __future__ import annotations
@@ -167,12 +165,24 @@ def tenant_objects(config: ClusterConfig, tenant_slug: str, device_limits: Mappi
     ]
 
 
+SHARED_CONFIG = "shared.json"
+
+
 def run_parent(request: LaunchRequest, namespace: str, rank_configs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """The run's parent object: a ConfigMap of each rank's worker config (``rank<N>.json``), token left out."""
-    data = {}
-    for rank, worker in sorted(rank_configs.items()):
-        shared = {key: value for key, value in worker.items() if key != "telemetry_token"}
-        data[f"rank{rank}.json"] = json.dumps(shared, sort_keys=True)
+    """The run's parent object: a ConfigMap of the ranks' worker configs, token left out. What every rank's
+    config holds alike (the split, the scores, the workload: arrays as long as the world) is written once
+    in ``shared.json``; ``rank<N>.json`` holds the rest and names it (``runtime.worker.config.load_config``),
+    so the object grows with the ranks, not with their square, and stays under the apiserver's 1 MiB."""
+    configs = {
+        rank: {key: value for key, value in worker.items() if key != "telemetry_token"}
+        for rank, worker in sorted(rank_configs.items())
+    }
+    first = next(iter(configs.values()), {})
+    common = {key: value for key, value in first.items() if all(key in c and c[key] == value for c in configs.values())}
+    data = {SHARED_CONFIG: json.dumps(common, sort_keys=True)}
+    for rank, worker in configs.items():
+        own = {key: value for key, value in worker.items() if key not in common}
+        data[f"rank{rank}.json"] = json.dumps({**own, "shared": SHARED_CONFIG}, sort_keys=True)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
