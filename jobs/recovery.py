@@ -41,16 +41,12 @@ from jobs.metering import charge, end_allocations
 from jobs.models import Allocation, Device, DeviceHealth, JobAttempt, JobEvent, JobState, TrainingJob
 from jobs.pool import SCHEDULABLE, as_free_device, free_devices, pool_fabric, set_device_health
 from jobs.throughput import nau_rates
-from runtime.backends.base import Failure, Observation
+from runtime.backends.base import DISRUPTION, NODE_LOST, Failure, Observation
 from runtime.recovery.plan import RestartPlan, RestartRequest, grow_target, plan_restart
 from runtime.scheduling.placement import FreeDevice
 from runtime.worker.cli import EXIT_BAD_CONFIG
 
 log = logging.getLogger(__name__)
-
-# Failure causes that the Kubernetes backend reports (runtime.backends.kubernetes.observe).
-NODE_LOST = "node"
-DISRUPTION = "disruption"
 
 
 def _describe_failure(reason: str, device: str | None) -> str:
@@ -93,6 +89,7 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
         # The cluster taking pods away (preemption, eviction, a drain) is nobody's failure: the restart
         # is not counted against max_restarts, like a move the platform asked for.
         counted = not observed or any(seen.cause != DISRUPTION for seen in observed)
+        restarts = job.restarts + 1 if counted else job.restarts
         if not recoverable or (counted and job.restarts >= max_restarts):
             why = (
                 what
@@ -123,7 +120,7 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
                     "observed_after_s": detect_s,
                     "device_suspect": bool(failure and failure.device_suspect),
                 },
-                "restart": job.restarts + 1 if counted else job.restarts,
+                "restart": restarts,
                 "counted": counted,
                 "max_restarts": max_restarts,
             },
@@ -155,12 +152,12 @@ def handle_failure(job_id: int, attempt: int, observation: Observation | None, *
             previous,
             torn_down=torn_down,
             message=(
-                f"frozen after a failure; restart {job.restarts + 1} of at most {max_restarts}"
+                f"frozen after a failure; restart {restarts} of at most {max_restarts}"
                 if counted
                 else "frozen: the cluster took the run's pods away; the restart is not counted"
             ),
             credit_reason=credit,
-            restarts=job.restarts + 1 if counted else job.restarts,
+            restarts=restarts,
             recovery=recovery,
         )
         if frozen is None:

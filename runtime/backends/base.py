@@ -79,6 +79,11 @@ class RankState:
     exit_code: int | None
 
 
+# Causes the Kubernetes backend reports besides the others (``Failure.cause``), which jobs.recovery acts on.
+NODE_LOST = "node"
+DISRUPTION = "disruption"
+
+
 @dataclass(frozen=True)
 class Failure:
     """The first rank to fail on its own, as the backend detected it."""
@@ -102,7 +107,7 @@ class Failure:
         """
         if self.cause == "signal" and self.exit_code == -signal.SIGTERM:
             return False
-        return self.cause in ("signal", "heartbeat", "node")
+        return self.cause in ("signal", "heartbeat", NODE_LOST)
 
 
 @dataclass(frozen=True)

@@ -9,26 +9,15 @@ from rest_framework.test import APIClient
 from jobs import services
 from jobs.models import Device, DeviceHealth, Node, PoolTopology
 from runtime.inventory import parse_pool
+from tests.pools import H100_FLAVOR
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
-
-FLAVOR = {
-    "vendor": "nvidia",
-    "kind": "gpu",
-    "model": "H100",
-    "peak_bf16_tflops": 989,
-    "memory_gib": 80,
-    "interconnect": "NVLink",
-    "interconnect_gbps": 900,
-    "torch_device_type": "cuda",
-    "collective_backend": "nccl",
-}
 
 
 def torus_pool():
     return parse_pool(
         {
-            "flavors": {"h100-sxm": FLAVOR},
+            "flavors": {"h100-sxm": H100_FLAVOR},
             "topology": {"kind": "torus3d", "dims": [4, 1, 1]},
             "nodes": [
                 {"name": f"t{x}", "flavor": "h100-sxm", "devices": 2, "rack": "r", "coords": [x, 0, 0]}

@@ -10,20 +10,9 @@ import pytest
 
 from runtime.backends.kubernetes import NodeState, cluster_settings, node_state, read_inventory
 from runtime.inventory import Health, PoolFileError, parse_pool
+from tests.pools import H100_FLAVOR
 
 pytestmark = pytest.mark.unit
-
-FLAVOR = {
-    "vendor": "nvidia",
-    "kind": "gpu",
-    "model": "H100",
-    "peak_bf16_tflops": 989,
-    "memory_gib": 80,
-    "interconnect": "NVLink",
-    "interconnect_gbps": 900,
-    "torch_device_type": "cuda",
-    "collective_backend": "nccl",
-}
 
 
 def pool_document(**cluster: Any) -> dict[str, Any]:
@@ -31,13 +20,13 @@ def pool_document(**cluster: Any) -> dict[str, Any]:
         "kubernetes": cluster,
         "flavors": {
             "h100-sxm": {
-                **FLAVOR,
+                **H100_FLAVOR,
                 "kubernetes": {
                     "node_labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
                     "tolerations": ["nvidia.com/gpu"],
                 },
             },
-            "ascend-910b": {**FLAVOR, "vendor": "huawei", "kind": "npu"},  # defaults: label and resource
+            "ascend-910b": {**H100_FLAVOR, "vendor": "huawei", "kind": "npu"},  # defaults: label and resource
         },
     }
 

@@ -104,11 +104,10 @@ class ClusterInventory:
 
     def device_health(self) -> dict[str, NodeState]:
         """Every device's state: its node's, but failed for the devices the node no longer allocates."""
+        allocatable = {node.name: node.devices - self.withdrawn.get(node.name, 0) for node in self.pool.nodes}
         states = {}
         for device in self.pool.devices():
-            node = next(n for n in self.pool.nodes if n.name == device.node)
-            gone = self.withdrawn.get(device.node, 0)
-            if device.index >= node.devices - gone:
+            if device.index >= allocatable[device.node]:
                 states[device.device_id] = NodeState(Health.FAILED, "withdrawn by the device plugin (not allocatable)")
             else:
                 states[device.device_id] = self.health[device.node]

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from runtime.backends.base import Failure, Observation, Phase, RankState
+from runtime.backends.base import DISRUPTION, NODE_LOST, Failure, Observation, Phase, RankState
 from runtime.backends.kubernetes.manifests import LABEL_RANK, LABEL_ROLE
 from runtime.worker.cli import EXIT_BAD_CONFIG, EXIT_PEER_LOST, EXIT_STOPPED
 
@@ -60,13 +60,13 @@ def _disruption(pod: Mapping[str, Any]) -> tuple[str, str] | None:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
             reason = str(condition.get("reason", ""))
             if reason in _NODE_FAILED:
-                return "node", reason
-            return "disruption", reason or "disrupted"
+                return NODE_LOST, reason
+            return DISRUPTION, reason or "disrupted"
     status_reason = pod.get("status", {}).get("reason")
     if status_reason in ("NodeLost", "UnexpectedAdmissionError"):
-        return "node", str(status_reason)
+        return NODE_LOST, str(status_reason)
     if status_reason in ("Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown"):
-        return "disruption", str(status_reason)
+        return DISRUPTION, str(status_reason)
     return None
 
 
@@ -171,9 +171,9 @@ def observation_of(
 def _failure_reason(failure: Failure, pod: Mapping[str, Any] | None) -> str:
     if failure.cause == "gone":
         return f"rank {failure.rank}'s pod is gone"
-    if failure.cause in ("node", "disruption") and pod is not None:
+    if failure.cause in (NODE_LOST, DISRUPTION) and pod is not None:
         _, why = _disruption(pod) or ("", "")
-        what = "its node failed" if failure.cause == "node" else "the cluster took its pod away"
+        what = "its node failed" if failure.cause == NODE_LOST else "the cluster took its pod away"
         return f"rank {failure.rank}: {what} ({why})"
     terminated = ((_container(pod) if pod else {}).get("state") or {}).get("terminated") or {}
     detail = terminated.get("reason") or "Error"
