@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 
 from django.conf import settings
@@ -9,6 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from runtime.backends.base import Backend
 from runtime.inventory import load_pool
+from tenants import services as tenants
 
 
 @cache
@@ -31,4 +33,46 @@ def get_backend() -> Backend:
             telemetry_files=settings.POLYCHIP_LOCAL_TELEMETRY_FILES,
             sandbox=settings.POLYCHIP_SANDBOX,
         )
-    raise ValueError(f"POLYCHIP_BACKEND={settings.POLYCHIP_BACKEND!r} is not available yet; set POLYCHIP_BACKEND=local")
+    if settings.POLYCHIP_BACKEND == "kubernetes":
+        return _kubernetes_backend()
+    raise ImproperlyConfigured(f"POLYCHIP_BACKEND={settings.POLYCHIP_BACKEND!r}: use local or kubernetes")
+
+
+def _kubernetes_backend() -> Backend:
+    from jobs.checks import backend_is_configured
+    from runtime.backends.kubernetes import ClusterConfig, KubernetesBackend, cluster_settings
+    from runtime.backends.kubernetes.api import Api, connect
+
+    for error in backend_is_configured(None):
+        raise ImproperlyConfigured(f"{error.msg}: {error.hint} ({error.id})")
+    selectors = cluster_settings(load_pool(settings.POLYCHIP_POOL_FILE)).selectors
+    config = ClusterConfig(
+        worker_image=settings.POLYCHIP_K8S_WORKER_IMAGE,
+        resources={s.flavor: s.resource for s in selectors},
+        tolerations={s.flavor: s.tolerations for s in selectors},
+        namespace_prefix=settings.POLYCHIP_K8S_NAMESPACE_PREFIX,
+        control_plane_namespace=settings.POLYCHIP_K8S_CONTROL_PLANE_NAMESPACE,
+    )
+    return KubernetesBackend(
+        Api(connect(settings.POLYCHIP_K8S_KUBECONFIG)),
+        config,
+        telemetry_base=settings.POLYCHIP_K8S_TELEMETRY_URL or None,
+    )
+
+
+def device_limits(tenant_id: int, resources: Mapping[str, str], capacity: Mapping[str, int]) -> dict[str, int]:
+    """The most devices of each extended resource a tenant's pods may ask for at once (its namespace's
+    ResourceQuota), summed over the flavors that share the resource: per flavor, its nominal quota and
+    what it may borrow, within the flavor's pool; a flavor without a quota of its own, the whole pool
+    (as admission lets it, within the tenant's NAU)."""
+    quotas = {q.resource: q for q in tenants.list_quotas(tenant_id)}
+    limits: dict[str, int] = {}
+    for flavor, resource in sorted(resources.items()):
+        pool = capacity.get(flavor, 0)
+        quota = quotas.get(flavor)
+        if quota is None or quota.borrowing_limit is None:
+            most = pool
+        else:
+            most = min(pool, int(quota.nominal + quota.borrowing_limit))
+        limits[resource] = limits.get(resource, 0) + most
+    return limits

@@ -20,12 +20,12 @@ from django.utils import timezone
 
 from controlplane.domain import Invalid
 from jobs import bundles, capacity, dispatch, locks, recovery, throughput, transitions
-from jobs.backends import get_backend
+from jobs.backends import device_limits, get_backend
 from jobs.contracts import AdmissionPreview
 from jobs.errors import InvalidTransition, JobNotFound, QueueFull
 from jobs.finishing import finish_job
 from jobs.models import TERMINAL_STATES, Flavor, JobAttempt, JobEvent, JobState, TrainingJob
-from jobs.pool import untorn_attempts
+from jobs.pool import devices_per_flavor, untorn_attempts
 from jobs.runs import checkpoint_url, ingest_token, job_key, run_key
 from runtime.backends.base import Backend, LaunchRequest, Phase, RankPlacement
 from runtime.jobspec import MAX_PRIORITY, JobSpec, stored_job_spec
@@ -126,7 +126,18 @@ def _launch_request(job: TrainingJob) -> LaunchRequest:
         checkpoint_url=checkpoint_url(job),
         bundle_path=str(_bundle_file(job)) if spec.workload.bundle else None,
         job_key=job_key(job),
+        tenant=job.tenant.slug,
     )
+
+
+def _prepare_tenant(backend: Backend, job: TrainingJob) -> None:
+    """On a cluster, the tenant's namespace and its guards, made or brought up to date before each launch
+    (a quota may have changed since the last)."""
+    sync_tenant = getattr(backend, "sync_tenant", None)
+    if sync_tenant is None:
+        return
+    resources = backend.config.resources  # type: ignore[attr-defined]
+    sync_tenant(job.tenant.slug, device_limits(job.tenant_id, resources, devices_per_flavor()))
 
 
 def _bundle_file(job: TrainingJob) -> Path:
@@ -179,6 +190,7 @@ def provision_job(job_id: int) -> bool:
         return False  # a device was cordoned (or failed) since admission: it launches on others
     backend = get_backend()
     try:
+        _prepare_tenant(backend, job)
         handle = backend.provision(_launch_request(job))
     except Exception as exc:
         log.exception("provisioning job %s failed", job_id)

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 
 from jobs import locks
 from jobs.errors import UnknownDevices
@@ -36,6 +36,12 @@ def known_flavors() -> set[str]:
 
 
 @transaction.atomic
+def devices_per_flavor() -> dict[str, int]:
+    """How many devices the pool has of each flavor, whatever their health."""
+    rows = Device.objects.values_list("flavor__name").annotate(n=Count("pk"))
+    return {name: n for name, n in rows}
+
+
 def sync_pool(pool: Pool) -> int:
     """Upsert flavors, nodes (rack, coordinates), devices (memory) and the topology from a parsed
     pool file; returns the device count. Running it twice changes nothing the second time, and it

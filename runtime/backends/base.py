@@ -50,6 +50,8 @@ class LaunchRequest:
     # The job's name across its attempts (``job_id`` names one attempt): what stays the same when a
     # job restarts, such as the user its ranks run as.
     job_key: str = ""
+    # The tenant's slug: on Kubernetes, the namespace its runs live in.
+    tenant: str = ""
 
 
 def vendor_groups(placements: tuple[RankPlacement, ...]) -> tuple[int, ...]:

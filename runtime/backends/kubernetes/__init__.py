@@ -1,9 +1,11 @@
-"""The Kubernetes backend (issue 21), built in parts: so far the pool as a cluster's nodes show it
+"""The Kubernetes backend (``POLYCHIP_BACKEND=kubernetes``): the pool as a cluster's nodes show it
 (``inventory``), the objects of a tenant and of a run (``manifests``, each checked against the
-Kubernetes schemas in the tests), and what a run's pods say of it (``observe``).
-``POLYCHIP_BACKEND=kubernetes`` still refuses to start until the backend that applies the objects and
-watches the pods lands."""
+Kubernetes schemas in the tests), what a run's pods say of it (``observe``), the API as plain JSON
+(``api``), the pods kept current by list-then-watch (``reconcile``) and the backend itself (``backend``).
+Tested against an emulated apiserver and a node agent that runs pods as local processes, never yet a
+real cluster (README: What runs against an emulator)."""
 
+from runtime.backends.kubernetes.backend import KubernetesBackend
 from runtime.backends.kubernetes.inventory import (
     ClusterInventory,
     ClusterSettings,
@@ -21,6 +23,7 @@ __all__ = [
     "ClusterInventory",
     "ClusterSettings",
     "FlavorSelector",
+    "KubernetesBackend",
     "NodeState",
     "cluster_settings",
     "node_state",

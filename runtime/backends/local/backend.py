@@ -37,17 +37,16 @@ from typing import TYPE_CHECKING, Any
 
 import runtime
 from runtime.backends.base import Failure, LaunchRequest, LogPage, Observation, Phase, RankState, vendor_groups
+from runtime.backends.launch import check_request, worker_configs
 from runtime.backends.local import netem
 from runtime.backends.local import sandbox as sandbox_module
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
 from runtime.backends.local.logs import DEFAULT_CAP_BYTES, check_cap, read_logs
 from runtime.backends.local.procs import pid_alive, signal_group, signal_pid
 from runtime.backends.local.supervisor import LAUNCH_FILE, PID_FILE, STATUS_FILE, STOP_FILE
-from runtime.balancing import BalancerConfig, BalancingError
 from runtime.bundles import extract_bundle
 from runtime.comm.link import LinkEmulation
 from runtime.recovery.store import ENDPOINT_ENV as STORE_ENDPOINT_ENV
-from runtime.worker.config import WorkerConfig, initial_split, memory_cap
 
 if TYPE_CHECKING:
     from runtime.bench.suite import SuiteResult
@@ -228,19 +227,10 @@ class LocalBackend:
                 f"job_id {request.job_id!r}: use 1-128 letters, digits, '_', '-' or '.', "
                 "starting with a letter or digit"
             )
-        ranks = sorted(p.rank for p in request.placements)
-        if ranks != list(range(len(ranks))) or not ranks:
-            raise ValueError(f"placements: ranks must be 0..n-1, each once; got {ranks}")
-        if request.workload.global_batch < len(ranks):
-            raise ValueError(
-                f"workload.global_batch ({request.workload.global_batch}) must be at least "
-                f"the number of ranks ({len(ranks)})"
-            )
+        check_request(request)
 
     def _write_launch(self, request: LaunchRequest, run_dir: Path, speeds: dict[int, float]) -> None:
-        world_size = len(request.placements)
         port = find_free_port()
-        balancing, scores, caps = _balancing(request)
         groups = vendor_groups(request.placements)
         link, link_note = self._link_choice(groups)
         fabric: netem.FabricPlan | None = None
@@ -259,40 +249,29 @@ class LocalBackend:
         work_dir.mkdir(mode=0o700, exist_ok=True)
         written = work_dir if run_as is not None else run_dir
         code_dir = self._unpack_bundle(request, work_dir)
-        micro: tuple[int, ...] = ()
+        written_at = str(written)
+
+        def files(rank: int) -> dict[str, Any]:
+            return {
+                "telemetry_file": f"{written_at}/telemetry.rank{rank}.jsonl" if self.telemetry_files else None,
+                "heartbeat_file": f"{written_at}/heartbeat.rank{rank}",
+                "control_file": str(run_dir / CONTROL_FILE),
+                "code_dir": str(code_dir) if code_dir is not None else None,
+            }
+
+        configs = worker_configs(
+            request,
+            master_addr=master_addr,
+            master_port=port,
+            link=link,
+            collective_timeout_s=self.collective_timeout_s,
+            telemetry_url=request.telemetry_url,
+            files=files,
+        )
         entries = []
         for placement in sorted(request.placements, key=lambda p: p.rank):
             rank = placement.rank
-            worker = WorkerConfig(
-                job_id=request.job_id,
-                rank=rank,
-                world_size=world_size,
-                master_addr=master_addr,
-                master_port=port,
-                flavor=placement.flavor,
-                device_id=placement.device_id,
-                workload=request.workload,
-                micro_batches=micro,
-                artifacts_dir=request.artifacts_dir,
-                telemetry_url=request.telemetry_url,
-                telemetry_token=request.telemetry_token,
-                telemetry_file=str(written / f"telemetry.rank{rank}.jsonl") if self.telemetry_files else None,
-                balancing=balancing,
-                scores=scores,
-                caps=caps,
-                comm=request.comm,
-                vendor_groups=groups,
-                link=link,
-                collective_timeout_s=self.collective_timeout_s,
-                checkpoint=request.checkpoint,
-                checkpoint_url=request.checkpoint_url,
-                rendezvous="store_host",
-                heartbeat_file=str(written / f"heartbeat.rank{rank}"),
-                control_file=str(run_dir / CONTROL_FILE),
-                code_dir=str(code_dir) if code_dir is not None else None,
-            )
-            micro = micro or initial_split(worker).per_rank()
-            config = {**worker.to_dict(), "micro_batches": list(micro)}
+            config = configs[rank]
             config.update(self.worker_overrides.get(rank, {}))
             config_path = run_dir / f"rank{rank}.json"
             atomic_write_json(config_path, config)
@@ -621,25 +600,6 @@ class LocalBackend:
         if handle.get("backend") != self.name or not isinstance(handle.get("run_dir"), str):
             raise ValueError(f"not a local backend handle: {handle!r}")
         return Path(handle["run_dir"])
-
-
-def _balancing(request: LaunchRequest) -> tuple[BalancerConfig, tuple[float, ...], tuple[int | None, ...]]:
-    """The worker's balancer config, per-rank scores and memory caps for a launch.
-
-    Scores are the placements' (one unit for the job); when any rank lacks one, every rank scores 1.0,
-    so the first split is equal and a dynamic job learns the speeds as it runs. Caps come from each
-    device's memory through the synthetic MLP's memory model (``runtime.worker.config.memory_cap``)."""
-    placements = sorted(request.placements, key=lambda p: p.rank)
-    try:
-        config = BalancerConfig(mode=request.balancing)
-        caps = tuple(memory_cap(request.workload, p.memory_gib) for p in placements)
-    except BalancingError as exc:
-        raise ValueError(str(exc)) from None
-    given = [p.score for p in placements]
-    scores = tuple(float(s) for s in given if s is not None and s > 0)
-    if len(scores) != len(placements):
-        scores = (1.0,) * len(placements)
-    return config, scores, caps
 
 
 def _local_store_dir(url: str | None) -> Path | None:

@@ -1,0 +1,328 @@
+"""The Kubernetes backend: each attempt of a job is a parent ConfigMap and the pods and objects it owns.
+
+- ``sync_tenant``: the tenant's namespace and its guards (``manifests.tenant_objects``), created when
+  missing and brought back to what they should be when changed: safe to call at every provision.
+- ``provision``: the parent first, then its children with the parent's uid as their owner; a second
+  call finds the parent (409) and makes only what is missing, so provisioning is idempotent per run.
+- ``observe``: the run's pods from the namespace's reconciler cache (``reconcile.PodWatch``); when the
+  cache lacks a pod of the run it does not guess: a fresh list and a read of the parent decide
+  (a pod created a moment ago, or one that is really gone). ``observe.observation_of`` says what they mean.
+- ``teardown``: one delete of the parent (the garbage collector takes the rest), after keeping each
+  rank's output beside the job's artifacts, since the pods' logs go with the pods; then it waits for
+  the pods to be gone, so that the next attempt never runs beside this one.
+- ``request_stop``: a ``control.json`` key in the parent, which the kubelet writes into every rank's
+  mounted config folder; the ranks look for it every step (on a real cluster the kubelet refreshes
+  ConfigMap volumes every minute or so: a stop takes that long to arrive).
+- ``logs``: through the pods' log API (``timestamps=true``), numbered per rank from the first line the
+  kubelet still holds; after teardown from the kept copy.
+
+Handles: ``{"backend": "kubernetes", "namespace", "run", "world_size", "container"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from runtime.backends.base import LaunchRequest, LogLine, LogPage, Observation
+from runtime.backends.kubernetes.api import Api, ApiError
+from runtime.backends.kubernetes.manifests import (
+    CONFIG_DIR,
+    LABEL_RANK,
+    LABEL_ROLE,
+    LABEL_RUN,
+    ClusterConfig,
+    run_children,
+    run_parent,
+    tenant_namespace,
+    tenant_objects,
+)
+from runtime.backends.kubernetes.observe import observation_of
+from runtime.backends.kubernetes.reconcile import PodWatch
+from runtime.backends.launch import check_request, worker_configs
+from runtime.comm.link import LinkEmulation
+
+CONTROL_KEY = "control.json"
+LOGS_KEPT = ".logs"  # beside the job's artifacts: rank<N>.log, the kubelet's lines with their times
+# Service names are DNS-1035 labels (63 at most), and pods add "-store" or "-r<rank>" to the run's name.
+_RUN_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,48}[a-z0-9])?$")
+
+
+class KubernetesBackend:
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        api: Api,
+        config: ClusterConfig,
+        *,
+        telemetry_base: str | None = None,
+        collective_timeout_s: float = 30.0,
+        teardown_wait_s: float = 60.0,
+        watch: bool = True,
+        watch_timeout_s: int = 60,
+    ) -> None:
+        """``telemetry_base``: the control plane's address as the ranks reach it inside the cluster (the
+        web Service, ``http://polychip-web.<namespace>.svc:8000``), which replaces the scheme and host
+        of the request's public telemetry URL; None keeps that URL. ``watch``: keep a reconciler cache
+        per namespace (a thread each); off, every ``observe`` lists."""
+        self.api = api
+        self.config = config
+        self.telemetry_base = telemetry_base
+        self.collective_timeout_s = collective_timeout_s
+        self.teardown_wait_s = teardown_wait_s
+        self.watch = watch
+        self.watch_timeout_s = watch_timeout_s
+        self._watches: dict[str, PodWatch] = {}
+        self._watches_lock = threading.Lock()
+
+    # -- tenants -----------------------------------------------------------------------------------
+
+    def sync_tenant(self, tenant_slug: str, device_limits: Mapping[str, int]) -> str:
+        """Make the tenant's namespace and its guards what they should be; returns the namespace."""
+        objects = tenant_objects(self.config, tenant_slug, device_limits)
+        for obj in objects:
+            try:
+                self.api.create(obj)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+                # Already there: make it ours again (a quota changed, someone edited it).
+                self.api.replace(obj)
+        return str(objects[0]["metadata"]["name"])
+
+    # -- provision ---------------------------------------------------------------------------------
+
+    def provision(self, request: LaunchRequest) -> dict[str, Any]:
+        check_request(request)
+        run = request.job_id
+        if not _RUN_NAME.match(run):
+            raise ValueError(
+                f"job_id {run!r}: on Kubernetes a run's name must be a DNS label of at most 50 characters "
+                "(lowercase letters, digits and dashes, starting with a letter)"
+            )
+        namespace = tenant_namespace(self.config, request.tenant or "default")
+        configs = worker_configs(
+            request,
+            master_addr=f"store.{run}",  # the store pod's name under the run's headless Service
+            master_port=self.config.store_port,
+            link=LinkEmulation(),  # a cluster's links are real: nothing to emulate
+            collective_timeout_s=self.collective_timeout_s,
+            telemetry_url=self._telemetry_url(request.telemetry_url),
+            files=lambda rank: {"control_file": f"{CONFIG_DIR}/{CONTROL_KEY}"},
+        )
+        parent = run_parent(request, namespace, configs)
+        try:
+            made = self.api.create(parent)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            found = self.api.get("ConfigMap", namespace, run)
+            if found is None:  # deleted between the two calls: a teardown won
+                raise RuntimeError(f"run {run} was torn down while it was being provisioned") from None
+            made = found
+        for child in run_children(self.config, request, namespace, made["metadata"]["uid"]):
+            try:
+                self.api.create(child)
+            except ApiError as exc:
+                if exc.status != 409:  # made by an earlier call for the same run
+                    raise
+        return {
+            "backend": self.name,
+            "namespace": namespace,
+            "run": run,
+            "world_size": len(request.placements),
+            "container": request.workload.kind == "container",
+            "artifacts_dir": request.artifacts_dir,
+        }
+
+    def _telemetry_url(self, url: str | None) -> str | None:
+        if url is None or not self.telemetry_base:
+            return url
+        base = urlsplit(self.telemetry_base)
+        public = urlsplit(url)
+        return urlunsplit((base.scheme, base.netloc, public.path, public.query, ""))
+
+    # -- observe -----------------------------------------------------------------------------------
+
+    def watch_for(self, namespace: str) -> PodWatch:
+        with self._watches_lock:
+            found = self._watches.get(namespace)
+            if found is None:
+                found = PodWatch(self.api, namespace, watch_timeout_s=self.watch_timeout_s)
+                self._watches[namespace] = found
+                if self.watch:
+                    found.start()
+            return found
+
+    def observe(self, handle: dict[str, Any]) -> Observation:
+        namespace, run, world_size = self._parts(handle)
+        pods = self.watch_for(namespace).pods_of(run) if self.watch else None
+        parent_exists = True
+        if pods is None or not _complete(pods, world_size):
+            # Not in the cache: made a moment ago, or really gone. A fresh read decides.
+            pods = self.api.list("Pod", namespace, labels=f"{LABEL_RUN}={run}").items
+            parent_exists = self.api.get("ConfigMap", namespace, run) is not None
+        return observation_of(
+            pods,
+            world_size,
+            now=time.time(),
+            parent_exists=parent_exists,
+            polychip_exit_codes=not handle.get("container", False),
+        )
+
+    # -- stop and teardown -------------------------------------------------------------------------
+
+    def request_stop(self, handle: dict[str, Any], reason: str) -> None:
+        namespace, run, _ = self._parts(handle)
+        order = {"action": "stop", "reason": reason, "at": time.time()}
+        try:
+            self.api.patch("ConfigMap", namespace, run, {"data": {CONTROL_KEY: json.dumps(order)}})
+        except ApiError as exc:
+            if exc.status != 404:  # a run already gone has nothing to stop
+                raise
+
+    def teardown(self, handle: dict[str, Any]) -> None:
+        namespace, run, _ = self._parts(handle)
+        pods = self.api.list("Pod", namespace, labels=f"{LABEL_RUN}={run}").items
+        self._keep_logs(handle, namespace, pods)
+        self.api.delete("ConfigMap", namespace, run)
+        deadline = time.monotonic() + self.teardown_wait_s
+        while pods and time.monotonic() < deadline:
+            time.sleep(0.2)
+            pods = self.api.list("Pod", namespace, labels=f"{LABEL_RUN}={run}").items
+        if pods:
+            names = ", ".join(sorted(p["metadata"]["name"] for p in pods))
+            raise RuntimeError(
+                f"run {run}: pods still terminating {self.teardown_wait_s:.0f} s after the delete: {names}"
+            )
+
+    def _keep_logs(self, handle: dict[str, Any], namespace: str, pods: list[dict[str, Any]]) -> None:
+        folder = _kept_folder(handle)
+        if folder is None:
+            return
+        for pod in pods:
+            rank = _rank_of(pod)
+            if rank is None:
+                continue
+            try:
+                text = self.api.log(namespace, pod["metadata"]["name"])
+            except ApiError:
+                continue  # a pod that never ran has no log
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"rank{rank}.log").write_text(text)
+
+    # -- logs --------------------------------------------------------------------------------------
+
+    def logs(
+        self,
+        handle: dict[str, Any],
+        *,
+        rank: int | None = None,
+        since: str | float | None = None,
+        limit: int = 1000,
+        tail: int | None = None,
+    ) -> LogPage:
+        if limit < 1 or (tail is not None and tail < 0):
+            raise ValueError("limit must be >= 1 and tail >= 0")
+        namespace, run, world_size = self._parts(handle)
+        positions = _decode_cursor(since) if isinstance(since, str) else {}
+        since_time = float(since) if isinstance(since, int | float) else None
+        ranks = [rank] if rank is not None else list(range(world_size))
+        texts = self._log_texts(handle, namespace, run, ranks)
+        lines: list[LogLine] = []
+        ends: dict[int, int] = {}
+        for r, text in texts.items():
+            numbered = _parse_log(r, text)
+            ends[r] = len(numbered)
+            start = positions.get(r, 0)
+            lines.extend(line for line in numbered[start:] if since_time is None or line.time >= since_time)
+        lines.sort(key=lambda line: (line.time, line.rank, line.number))
+        if tail is not None:
+            taken = lines[max(0, len(lines) - tail) :] if tail else []
+            return LogPage(tuple(taken), _encode_cursor({**positions, **ends}))
+        taken = lines[:limit]
+        cursor = dict(positions)
+        for line in taken:
+            cursor[line.rank] = line.number + 1
+        return LogPage(tuple(taken), _encode_cursor(cursor), more=len(lines) > limit)
+
+    def _log_texts(self, handle: dict[str, Any], namespace: str, run: str, ranks: list[int]) -> dict[int, str]:
+        texts: dict[int, str] = {}
+        kept = _kept_folder(handle)
+        for r in ranks:
+            try:
+                texts[r] = self.api.log(namespace, f"{run}-r{r}")
+                continue
+            except ApiError as exc:
+                if exc.status not in (400, 404):  # 400: the container has not started yet
+                    raise
+            path = kept / f"rank{r}.log" if kept is not None else None
+            texts[r] = path.read_text() if path is not None and path.exists() else ""
+        return texts
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _parts(self, handle: dict[str, Any]) -> tuple[str, str, int]:
+        if handle.get("backend") != self.name or not all(
+            isinstance(handle.get(key), str) for key in ("namespace", "run")
+        ):
+            raise ValueError(f"not a kubernetes backend handle: {handle!r}")
+        return handle["namespace"], handle["run"], int(handle.get("world_size", 0))
+
+    def close(self) -> None:
+        for watch in self._watches.values():
+            watch.stop()
+
+
+def _complete(pods: list[dict[str, Any]], world_size: int) -> bool:
+    """Whether the cache holds every pod of the run: its store and each rank."""
+    roles = [(p.get("metadata", {}).get("labels") or {}).get(LABEL_ROLE) for p in pods]
+    return roles.count("store") == 1 and roles.count("rank") == world_size
+
+
+def _rank_of(pod: dict[str, Any]) -> int | None:
+    labels = pod.get("metadata", {}).get("labels") or {}
+    value = str(labels.get(LABEL_RANK, ""))
+    return int(value) if labels.get(LABEL_ROLE) == "rank" and value.isdigit() else None
+
+
+def _kept_folder(handle: dict[str, Any]) -> Path | None:
+    artifacts = handle.get("artifacts_dir")
+    return Path(artifacts) / LOGS_KEPT if isinstance(artifacts, str) and artifacts else None
+
+
+def _parse_log(rank: int, text: str) -> list[LogLine]:
+    """The kubelet's ``timestamps=true`` output: each line after its RFC 3339 time and a space."""
+    lines = []
+    for number, raw in enumerate(text.splitlines()):
+        stamp, _, rest = raw.partition(" ")
+        try:
+            at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        except ValueError:  # not the kubelet's format: keep the line whole, untimed
+            at, rest = 0.0, raw
+        lines.append(LogLine(rank=rank, number=number, time=at, stream="out", text=rest))
+    return lines
+
+
+def _encode_cursor(positions: Mapping[int, int]) -> str:
+    return "k" + "_".join(f"{rank}.{number}" for rank, number in sorted(positions.items()))
+
+
+def _decode_cursor(cursor: str) -> dict[int, int]:
+    if not cursor.startswith("k"):
+        raise ValueError("not a log cursor (use the cursor a previous read returned)")
+    positions = {}
+    for part in filter(None, cursor[1:].split("_")):
+        rank, _, number = part.partition(".")
+        if not rank.isdigit() or not number.isdigit():
+            raise ValueError(f"not a log cursor: {part!r} (use the cursor a previous read returned)")
+        positions[int(rank)] = int(number)
+    return positions
