@@ -56,6 +56,7 @@ def _kubernetes_backend() -> Backend:
     return KubernetesBackend(
         Api(connect(settings.POLYCHIP_K8S_KUBECONFIG)),
         config,
+        settings.POLYCHIP_RUNS_DIR,
         telemetry_base=settings.POLYCHIP_K8S_TELEMETRY_URL or None,
     )
 

@@ -37,10 +37,10 @@ class Kube:
         self.cluster = cluster
         self.agent = agent
 
-    def pods(self, run: str) -> list[dict[str, Any]]:
+    def pods(self, run: str, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
         return [
             p
-            for p in self.cluster.cluster.objects("pods", NAMESPACE)
+            for p in self.cluster.cluster.objects("pods", namespace)
             if p["metadata"]["labels"].get("polychip.io/run") == run
         ]
 
@@ -91,6 +91,10 @@ def _run(job_id: int) -> str:
     handle = wait_until(lambda: handle_of(job_id), what="a launched run")
     assert handle["backend"] == "kubernetes", handle
     return str(handle["run"])
+
+
+def _messages(job_id: int) -> list[str]:
+    return list(JobEvent.objects.filter(job_id=job_id).order_by("pk").values_list("message", flat=True))
 
 
 def _transitions(job_id: int) -> list[tuple[str, str]]:
@@ -230,7 +234,31 @@ def test_draining_a_node_stops_its_pods_after_a_checkpoint_and_moves_the_job(
     job = api.wait_for(job_id, FINAL, timeout_s=180)
 
     assert job["state"] == "succeeded", job["failure_reason"]
-    assert job["restarts"] == 0 and job["attempt"] == 1
+    assert job["restarts"] == 0 and job["attempt"] == 1, _messages(job_id)
     # The stop reached the ranks through the run's ConfigMap: every rank ended with 4 after a full save.
     assert job["recovery"]["restored"]["optimizer_step"] == job["recovery"]["restored"]["step"] > 0
     wait_until(lambda: kube.cluster.objects_of_run(run) == [], what="the drained attempt's objects gone")
+
+
+def test_a_borrower_preempted_for_its_lender_loses_its_pods_and_waits(api_for, tenants, pool, kube):
+    from tenants.models import Cohort, Quota, Tenant
+
+    acme, globex = tenants[0], tenants[1]
+    cohort = Cohort.objects.create(name="k8s-lab")
+    Tenant.objects.filter(pk__in=[acme.id, globex.id]).update(cohort=cohort)
+    for tenant in (acme, globex):
+        Quota.objects.create(tenant_id=tenant.id, resource="ascend-910b", nominal=2)
+    borrowing = {"name": "k8s-borrower", "devices": 4, "flavors": ["ascend-910b"]}
+    borrower = api_for(globex.token).post("/api/v1/jobs", {**borrowing, "workload": {"steps": 100_000}}).json()["id"]
+    run = _run(borrower)
+    wait_until(lambda: len(kube.pods(run, "polychip-t-globex")) == 5, what="the borrower's pods")
+
+    owner_spec = {"name": "k8s-owner", "devices": 2, "flavors": ["ascend-910b"], "workload": {"steps": 40}}
+    owner = api_for(acme.token).post("/api/v1/jobs", owner_spec).json()["id"]
+    done = api_for(acme.token).wait_for(owner, FINAL, timeout_s=180)
+
+    assert done["state"] == "succeeded", done
+    preempted = TrainingJob.objects.get(pk=borrower)
+    assert preempted.preemptions == 1 and preempted.attempt >= 1
+    assert kube.cluster.objects_of_run(run) == []  # the preempted attempt's pods went before the owner's came
+    assert api_for(globex.token).post(f"/api/v1/jobs/{borrower}/cancel").status_code in (200, 202)

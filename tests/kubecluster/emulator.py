@@ -124,6 +124,8 @@ class EmulatedCluster(KubernetesScaffold):
     _mutex: threading.RLock = attrs.field(factory=threading.RLock, init=False)
     _changed: asyncio.Event | None = attrs.field(default=None, init=False)
     _loop: asyncio.AbstractEventLoop | None = attrs.field(default=None, init=False)
+    # Every pod ever created, as created (the bench reads creation times after the pods are gone).
+    pods_made: list[dict[str, Any]] = attrs.field(factory=list, init=False)
     watches_served: int = attrs.field(default=0, init=False)
     gone_answers: int = attrs.field(default=0, init=False)
 
@@ -141,6 +143,11 @@ class EmulatedCluster(KubernetesScaffold):
         """Create an object as a client would (``add_node`` and the tests' own setup)."""
         with self._mutex:
             return self._create(plural, obj.get("metadata", {}).get("namespace") or "", obj)
+
+    def set_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """What a kubelet's status update does (merged into the pod's status)."""
+        with self._mutex:
+            return self._update(("pods", namespace, name), {"status": status}, replace=False, subresource="status")
 
     def compact(self, *, drop_watches: bool = True) -> int:
         """etcd's compaction: every version so far is gone, so a watch resumed from any of them gets 410;
@@ -204,6 +211,8 @@ class EmulatedCluster(KubernetesScaffold):
             obj["status"] = {"phase": "Active"}
             meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
         self._store[key] = obj
+        if kind == "Pod":
+            self.pods_made.append(copy.deepcopy(obj))
         self._record(key, "ADDED", obj)
         return copy.deepcopy(obj)
 

@@ -7,9 +7,11 @@
 - ``observe``: the run's pods from the namespace's reconciler cache (``reconcile.PodWatch``); when the
   cache lacks a pod of the run it does not guess: a fresh list and a read of the parent decide
   (a pod created a moment ago, or one that is really gone). ``observe.observation_of`` says what they mean.
-- ``teardown``: one delete of the parent (the garbage collector takes the rest), after keeping each
-  rank's output beside the job's artifacts, since the pods' logs go with the pods; then it waits for
-  the pods to be gone, so that the next attempt never runs beside this one.
+- ``teardown``: one delete of the parent (the garbage collector takes the rest), after keeping, in the
+  run's folder under ``runs_dir`` (shared by the control plane's processes), each rank's output (the
+  pods' logs go with the pods) and the run's last observation; then it waits for the pods to be gone,
+  so that the next attempt never runs beside this one. A run torn down is observed as it ended, as on
+  the local backend: a second observer racing the one that tore it down sees the same news.
 - ``request_stop``: a ``control.json`` key in the parent, which the kubelet writes into every rank's
   mounted config folder; the ranks look for it every step (on a real cluster the kubelet refreshes
   ConfigMap volumes every minute or so: a stop takes that long to arrive).
@@ -21,6 +23,7 @@ Handles: ``{"backend": "kubernetes", "namespace", "run", "world_size", "containe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from runtime.backends.base import LaunchRequest, LogLine, LogPage, Observation
+from runtime.backends.base import Failure, LaunchRequest, LogLine, LogPage, Observation, Phase, RankState
 from runtime.backends.kubernetes.api import Api, ApiError
 from runtime.backends.kubernetes.manifests import (
     CONFIG_DIR,
@@ -50,7 +53,7 @@ from runtime.backends.launch import check_request, worker_configs
 from runtime.comm.link import LinkEmulation
 
 CONTROL_KEY = "control.json"
-LOGS_KEPT = ".logs"  # beside the job's artifacts: rank<N>.log, the kubelet's lines with their times
+FINAL_FILE = "final.json"
 # Service names are DNS-1035 labels (63 at most), and pods add "-store" or "-r<rank>" to the run's name.
 _RUN_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,48}[a-z0-9])?$")
 
@@ -62,6 +65,7 @@ class KubernetesBackend:
         self,
         api: Api,
         config: ClusterConfig,
+        runs_dir: str | Path,
         *,
         telemetry_base: str | None = None,
         collective_timeout_s: float = 30.0,
@@ -71,10 +75,12 @@ class KubernetesBackend:
     ) -> None:
         """``telemetry_base``: the control plane's address as the ranks reach it inside the cluster (the
         web Service, ``http://polychip-web.<namespace>.svc:8000``), which replaces the scheme and host
-        of the request's public telemetry URL; None keeps that URL. ``watch``: keep a reconciler cache
+        of the request's public telemetry URL; None keeps that URL. ``runs_dir``: where each run's output
+        and last observation are kept at teardown. ``watch``: keep a reconciler cache
         per namespace (a thread each); off, every ``observe`` lists."""
         self.api = api
         self.config = config
+        self.runs_dir = Path(runs_dir)
         self.telemetry_base = telemetry_base
         self.collective_timeout_s = collective_timeout_s
         self.teardown_wait_s = teardown_wait_s
@@ -140,7 +146,6 @@ class KubernetesBackend:
             "run": run,
             "world_size": len(request.placements),
             "container": request.workload.kind == "container",
-            "artifacts_dir": request.artifacts_dir,
         }
 
     def _telemetry_url(self, url: str | None) -> str | None:
@@ -170,6 +175,8 @@ class KubernetesBackend:
             # Not in the cache: made a moment ago, or really gone. A fresh read decides.
             pods = self.api.list("Pod", namespace, labels=f"{LABEL_RUN}={run}").items
             parent_exists = self.api.get("ConfigMap", namespace, run) is not None
+            if not parent_exists and (kept := self._final(run)) is not None:
+                return kept
         return observation_of(
             pods,
             world_size,
@@ -190,10 +197,21 @@ class KubernetesBackend:
                 raise
 
     def teardown(self, handle: dict[str, Any]) -> None:
-        namespace, run, _ = self._parts(handle)
+        namespace, run, world_size = self._parts(handle)
         pods = self.api.list("Pod", namespace, labels=f"{LABEL_RUN}={run}").items
-        self._keep_logs(handle, namespace, pods)
-        self.api.delete("ConfigMap", namespace, run)
+        parent_exists = self.api.get("ConfigMap", namespace, run) is not None
+        if parent_exists:
+            self._keep_logs(run, namespace, pods)
+            last = observation_of(
+                pods, world_size, now=time.time(), polychip_exit_codes=not handle.get("container", False)
+            )
+            if last.phase not in (Phase.SUCCEEDED, Phase.FAILED, Phase.STOPPED):
+                # Ended by this teardown (a failure seen while the rest still ran keeps its cause).
+                last = dataclasses.replace(
+                    last, phase=Phase.FAILED, reason=last.reason if last.failure else "torn down"
+                )
+            self._keep_final(run, last)
+            self.api.delete("ConfigMap", namespace, run)
         deadline = time.monotonic() + self.teardown_wait_s
         while pods and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -204,10 +222,8 @@ class KubernetesBackend:
                 f"run {run}: pods still terminating {self.teardown_wait_s:.0f} s after the delete: {names}"
             )
 
-    def _keep_logs(self, handle: dict[str, Any], namespace: str, pods: list[dict[str, Any]]) -> None:
-        folder = _kept_folder(handle)
-        if folder is None:
-            return
+    def _keep_logs(self, run: str, namespace: str, pods: list[dict[str, Any]]) -> None:
+        folder = self.runs_dir / run
         for pod in pods:
             rank = _rank_of(pod)
             if rank is None:
@@ -218,6 +234,34 @@ class KubernetesBackend:
                 continue  # a pod that never ran has no log
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"rank{rank}.log").write_text(text)
+
+    def _keep_final(self, run: str, observation: Observation) -> None:
+        folder = self.runs_dir / run
+        folder.mkdir(parents=True, exist_ok=True)
+        data = {
+            "phase": observation.phase.value,
+            "reason": observation.reason,
+            "ranks": [dataclasses.asdict(r) for r in observation.ranks],
+            "failures": [dataclasses.asdict(f) for f in observation.failures],
+        }
+        tmp = folder / f".{FINAL_FILE}.tmp"
+        tmp.write_text(json.dumps(data))
+        tmp.replace(folder / FINAL_FILE)
+
+    def _final(self, run: str) -> Observation | None:
+        """The run's last observation, kept at its teardown."""
+        try:
+            data = json.loads((self.runs_dir / run / FINAL_FILE).read_text())
+            failures = tuple(Failure(**f) for f in data["failures"])
+            return Observation(
+                phase=Phase(data["phase"]),
+                ranks=tuple(RankState(**r) for r in data["ranks"]),
+                reason=str(data["reason"]),
+                failure=failures[0] if failures else None,
+                failures=failures,
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     # -- logs --------------------------------------------------------------------------------------
 
@@ -256,7 +300,7 @@ class KubernetesBackend:
 
     def _log_texts(self, handle: dict[str, Any], namespace: str, run: str, ranks: list[int]) -> dict[int, str]:
         texts: dict[int, str] = {}
-        kept = _kept_folder(handle)
+        kept = self.runs_dir / run
         for r in ranks:
             try:
                 texts[r] = self.api.log(namespace, f"{run}-r{r}")
@@ -264,8 +308,8 @@ class KubernetesBackend:
             except ApiError as exc:
                 if exc.status not in (400, 404):  # 400: the container has not started yet
                     raise
-            path = kept / f"rank{r}.log" if kept is not None else None
-            texts[r] = path.read_text() if path is not None and path.exists() else ""
+            path = kept / f"rank{r}.log"
+            texts[r] = path.read_text() if path.exists() else ""
         return texts
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -292,11 +336,6 @@ def _rank_of(pod: dict[str, Any]) -> int | None:
     labels = pod.get("metadata", {}).get("labels") or {}
     value = str(labels.get(LABEL_RANK, ""))
     return int(value) if labels.get(LABEL_ROLE) == "rank" and value.isdigit() else None
-
-
-def _kept_folder(handle: dict[str, Any]) -> Path | None:
-    artifacts = handle.get("artifacts_dir")
-    return Path(artifacts) / LOGS_KEPT if isinstance(artifacts, str) and artifacts else None
 
 
 def _parse_log(rank: int, text: str) -> list[LogLine]:
