@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, this file's folder comes first on the path, and this file's name would hide the
+# kubernetes client package: the folder goes, the repository root (for bench.*) comes.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 import kubernetes_validate  # noqa: E402

@@ -344,6 +344,11 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": POLYCHIP_RELAY_SECONDS * 2},
     },
     "check-budgets": {"task": "billing.tasks.check_budgets", "schedule": 30.0, "options": {"expires": 60.0}},
+    "sync-cluster-inventory": {
+        "task": "jobs.tasks.sync_cluster_inventory",
+        "schedule": 30.0,
+        "options": {"expires": 30.0},
+    },
     "invoice-cycle": {"task": "billing.tasks.invoice_cycle", "schedule": 3600.0, "options": {"expires": 3600.0}},
     "purge-idempotency-keys": {
         "task": "tenants.tasks.purge_idempotency_keys",

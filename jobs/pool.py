@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.db.models import Count, F, Q, QuerySet
@@ -24,6 +25,9 @@ from jobs.models import (
 )
 from runtime.inventory import Fabric, Pool, make_topology, rack_fat_tree
 from runtime.scheduling import FreeDevice
+
+if TYPE_CHECKING:
+    from runtime.backends.kubernetes.inventory import ClusterInventory
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +89,44 @@ def sync_pool(pool: Pool) -> int:
             pk=1, defaults={"kind": pool.topology.kind, "parameters": pool.topology.parameters()}
         )
     return len(devices)
+
+
+CLUSTER = "cluster"  # the actor on the health changes the cluster's word makes
+
+
+def sync_cluster(inventory: ClusterInventory) -> dict[str, int]:
+    """The cluster's nodes into the pool (``sync_pool`` of what it found), and its word on their health:
+    a device on a node that is not ready, cordoned, tainted or under pressure (or one its device plugin
+    withdrew) takes that health, by ``cluster: <why>``; one that the cluster took out and now shows
+    healthy comes back. A device that an operator or recovery took out is theirs: the cluster neither
+    changes nor returns it (so an operator's cordon outlives a node's outage). Returns the devices
+    synced and the health changes made."""
+    devices = sync_pool(inventory.pool)
+    states = inventory.device_health()
+    current = dict(Device.objects.filter(device_id__in=states).values_list("device_id", "health"))
+    last_by = _last_health_actors(states)
+    order = {DeviceHealth.HEALTHY: 0, DeviceHealth.DEGRADED: 1, DeviceHealth.CORDONED: 2, DeviceHealth.FAILED: 3}
+    changes: dict[tuple[str, str], list[str]] = {}
+    for device_id, state in states.items():
+        now, wanted = DeviceHealth(current[device_id]), DeviceHealth(state.health.value)
+        ours = str(last_by.get(device_id, "")).startswith(CLUSTER)
+        if now == wanted:
+            continue
+        if ours or (now in SCHEDULABLE and order[wanted] > order[now]):
+            why = f"{CLUSTER}: {state.reason}" if state.reason else f"{CLUSTER}: ready again"
+            changes.setdefault((wanted, why), []).append(device_id)
+    changed = sum(set_device_health(ids, health, by=why) for (health, why), ids in sorted(changes.items()))
+    for name, why in sorted(inventory.left_out.items()):
+        log.info("cluster node %s is not in the pool: %s", name, why)
+    return {"devices": devices, "health_changes": changed}
+
+
+def _last_health_actors(device_ids: Iterable[str]) -> dict[str, str]:
+    actors: dict[str, str] = {}
+    rows = DeviceEvent.objects.filter(device__device_id__in=list(device_ids), kind=DeviceEvent.Kind.HEALTH)
+    for device_id, by in rows.order_by("pk").values_list("device__device_id", "by"):
+        actors[device_id] = by  # the last one wins
+    return actors
 
 
 def pool_fabric() -> Fabric:

@@ -13,7 +13,9 @@ in one module in one order (``jobs.locks``), and tasks are sent by name (``jobs.
 
 from __future__ import annotations
 
-from jobs import lifecycle, queries
+from django.conf import settings
+
+from jobs import lifecycle, pool, queries
 from jobs.admission import CycleReport as CycleReport
 from jobs.admission import admit as admit_queued_jobs
 from jobs.admission import cycle_listeners as cycle_listeners
@@ -21,6 +23,7 @@ from jobs.admission import run_admission_cycle as run_admission_cycle
 from jobs.artifacts import checkpoint_download as checkpoint_download
 from jobs.artifacts import job_checkpoints as job_checkpoints
 from jobs.artifacts import model_download as model_download
+from jobs.backends import get_backend
 from jobs.bundles import BundleNotFound as BundleNotFound
 from jobs.bundles import BundleRefused as BundleRefused
 from jobs.bundles import bundle_entrypoint as bundle_entrypoint
@@ -97,6 +100,7 @@ from jobs.runs import run_key as run_key
 from jobs.throughput import list_entries as list_throughput_entries
 from jobs.throughput import store_benchmarks as store_benchmarks
 from jobs.throughput import throughput_matrix as throughput_matrix
+from runtime.inventory import load_pool
 from runtime.jobspec import JobSpec
 
 __all__ = [
@@ -178,6 +182,7 @@ __all__ = [
     "store_benchmarks",
     "store_bundle",
     "submit_job",
+    "sync_cluster_inventory",
     "sync_pool",
     "teardown_job",
     "throughput_matrix",
@@ -188,6 +193,15 @@ __all__ = [
 
 # Every state a job may be in, in its life's order (the jobs list's ?state= filter takes them).
 JOB_STATES: tuple[str, ...] = tuple(JobState.values)
+
+
+def sync_cluster_inventory() -> dict[str, int] | None:
+    """On a cluster (``POLYCHIP_BACKEND=kubernetes``), its nodes into the pool and its word on their
+    health (``jobs.pool.sync_cluster``); None on a backend without a cluster to read."""
+    read = getattr(get_backend(), "read_inventory", None)
+    if read is None:
+        return None
+    return pool.sync_cluster(read(load_pool(settings.POLYCHIP_POOL_FILE)))
 
 
 def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> JobView:

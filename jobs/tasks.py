@@ -35,6 +35,12 @@ def teardown_job(job_id: int) -> None:
     services.teardown_job(job_id)
 
 
+# Beat reads the cluster's nodes every half minute (nothing to do on the local backend).
+@shared_task(name="jobs.tasks.sync_cluster_inventory", ignore_result=True)
+def sync_cluster_inventory() -> dict[str, int] | None:
+    return services.sync_cluster_inventory()
+
+
 def _each(job_ids: Iterable[int], action: Callable[[int], object], what: str) -> None:
     # One job that fails to be observed must not stop the sweep for every other job.
     for job_id in job_ids:

@@ -262,3 +262,35 @@ def test_a_borrower_preempted_for_its_lender_loses_its_pods_and_waits(api_for, t
     assert preempted.preemptions == 1 and preempted.attempt >= 1
     assert kube.cluster.objects_of_run(run) == []  # the preempted attempt's pods went before the owner's came
     assert api_for(globex.token).post(f"/api/v1/jobs/{borrower}/cancel").status_code in (200, 202)
+
+
+def test_the_clusters_word_on_its_nodes_takes_devices_out_and_returns_only_its_own(tenants, pool, kube, as_the_stack):
+    from jobs.models import Device, DeviceHealth
+
+    def health(node: str) -> set[str]:
+        return set(Device.objects.filter(node__name=node).values_list("health", flat=True))
+
+    emulated = kube.cluster.cluster
+    not_ready = [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]
+    emulated.set_node_conditions("tpu-v4-0", not_ready)
+    emulated.set_node_conditions("npu-910b-0", not_ready)
+    services.set_device_health(
+        Device.objects.filter(node__name="npu-910b-0").values_list("device_id", flat=True), "cordoned", by="op"
+    )
+
+    assert services.sync_cluster_inventory() == {"devices": 12, "health_changes": 4}
+    assert health("tpu-v4-0") == {DeviceHealth.FAILED} and health("npu-910b-0") == {DeviceHealth.CORDONED}
+    by = Device.objects.filter(node__name="tpu-v4-0").first().events.last().by
+    assert by == "cluster: not Ready (KubeletNotReady)"
+
+    ready = [{"type": "Ready", "status": "True"}]
+    emulated.set_node_conditions("tpu-v4-0", ready)
+    emulated.set_node_conditions("npu-910b-0", ready)
+    services.sync_cluster_inventory()
+
+    # What the cluster took out comes back; what the operator cordoned stays cordoned.
+    assert health("tpu-v4-0") == {DeviceHealth.HEALTHY} and health("npu-910b-0") == {DeviceHealth.CORDONED}
+    assert services.sync_cluster_inventory() == {"devices": 12, "health_changes": 0}
+    services.set_device_health(
+        Device.objects.filter(node__name="npu-910b-0").values_list("device_id", flat=True), "healthy", by="op"
+    )

@@ -149,6 +149,13 @@ class EmulatedCluster(KubernetesScaffold):
         with self._mutex:
             return self._update(("pods", namespace, name), {"status": status}, replace=False, subresource="status")
 
+    def set_node_conditions(self, name: str, conditions: list[dict[str, Any]]) -> dict[str, Any]:
+        """What the node's kubelet (or the node controller, for a silent node) reports."""
+        with self._mutex:
+            return self._update(
+                ("nodes", "", name), {"status": {"conditions": conditions}}, replace=False, subresource="status"
+            )
+
     def compact(self, *, drop_watches: bool = True) -> int:
         """etcd's compaction: every version so far is gone, so a watch resumed from any of them gets 410;
         ``drop_watches`` also ends the open watches, as an apiserver restart does."""

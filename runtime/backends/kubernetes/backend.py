@@ -36,6 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from runtime.backends.base import Failure, LaunchRequest, LogLine, LogPage, Observation, Phase, RankState
 from runtime.backends.kubernetes.api import Api, ApiError
+from runtime.backends.kubernetes.inventory import ClusterInventory, read_inventory
 from runtime.backends.kubernetes.manifests import (
     CONFIG_DIR,
     LABEL_RANK,
@@ -51,6 +52,7 @@ from runtime.backends.kubernetes.observe import observation_of
 from runtime.backends.kubernetes.reconcile import PodWatch
 from runtime.backends.launch import check_request, worker_configs
 from runtime.comm.link import LinkEmulation
+from runtime.inventory import Pool
 
 CONTROL_KEY = "control.json"
 FINAL_FILE = "final.json"
@@ -103,6 +105,12 @@ class KubernetesBackend:
                 # Already there: make it ours again (a quota changed, someone edited it).
                 self.api.replace(obj)
         return str(objects[0]["metadata"]["name"])
+
+    # -- inventory ---------------------------------------------------------------------------------
+
+    def read_inventory(self, pool: Pool) -> ClusterInventory:
+        """The pool file's flavors with the cluster's nodes as they are now (``inventory.read_inventory``)."""
+        return read_inventory(self.api.list("Node", None).items, pool)
 
     # -- provision ---------------------------------------------------------------------------------
 
