@@ -14,6 +14,7 @@ import hmac
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -22,7 +23,8 @@ from django.db.models import Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from jobs import locks, metrics, throughput, transitions
+from controlplane import domain
+from jobs import bundles, locks, metrics, throughput, transitions
 from jobs.errors import TelemetryRejected
 from jobs.models import Allocation, Device, JobAttempt, JobEvent, JobState, TrainingJob
 from jobs.runs import ingest_token, run_key
@@ -346,6 +348,17 @@ def check_ingest_token(*, job_id: int, token: str) -> None:
     job = TrainingJob.objects.filter(pk=job_id).first()
     if job is None or not hmac.compare_digest(token.encode(), ingest_token(job).encode()):
         raise TelemetryRejected("unknown job or wrong ingest token")
+
+
+def run_bundle_file(*, job_id: int, token: str) -> Path:
+    """The stored code bundle of a job, for its ranks on a cluster (``runtime.codefetch``), with the job's
+    own ingest token; ``TelemetryRejected`` for another token, ``NotFound`` when the job has no bundle."""
+    check_ingest_token(job_id=job_id, token=token)
+    job = TrainingJob.objects.get(pk=job_id)
+    ref = job.job_spec.workload.bundle
+    if not ref:
+        raise domain.NotFound(f"job {job_id} runs no code bundle")
+    return bundles.bundle_path(tenant_id=job.tenant_id, ref=ref)
 
 
 def ingest_telemetry(*, job_id: int, token: str, events: Sequence[TelemetryEvent]) -> int:

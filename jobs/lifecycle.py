@@ -113,11 +113,12 @@ def _launch_request(job: TrainingJob) -> LaunchRequest:
         for a in ordered
     )
     spec = job.job_spec
+    public = settings.POLYCHIP_PUBLIC_URL.rstrip("/")
     return LaunchRequest(
         job_id=run_key(job),
         placements=placements,
         workload=spec.workload,
-        telemetry_url=f"{settings.POLYCHIP_PUBLIC_URL.rstrip('/')}/api/v1/ingest/jobs/{job.pk}/telemetry",
+        telemetry_url=f"{public}/api/v1/ingest/jobs/{job.pk}/telemetry",
         telemetry_token=ingest_token(job),
         artifacts_dir=str(settings.POLYCHIP_ARTIFACTS_DIR / run_key(job)),
         balancing=spec.balancing.mode,
@@ -125,6 +126,7 @@ def _launch_request(job: TrainingJob) -> LaunchRequest:
         checkpoint=spec.checkpoint,
         checkpoint_url=checkpoint_url(job),
         bundle_path=str(_bundle_file(job)) if spec.workload.bundle else None,
+        bundle_url=f"{public}/api/v1/ingest/jobs/{job.pk}/bundle" if spec.workload.bundle else None,
         job_key=job_key(job),
         tenant=job.tenant.slug,
     )

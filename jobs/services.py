@@ -46,6 +46,7 @@ from jobs.history import quota_history as quota_history
 from jobs.history import utilization_history as utilization_history
 from jobs.ingest import check_ingest_token as check_ingest_token
 from jobs.ingest import ingest_telemetry as ingest_telemetry
+from jobs.ingest import run_bundle_file as run_bundle_file
 from jobs.lifecycle import observe_job as observe_job
 from jobs.lifecycle import preview_submit as preview_submit
 from jobs.lifecycle import provision_job as provision_job
@@ -172,6 +173,7 @@ __all__ = [
     "request_move",
     "retry_recovering",
     "run_admission_cycle",
+    "run_bundle_file",
     "run_key",
     "running_job_ids",
     "score_devices",

@@ -41,4 +41,5 @@ urlpatterns = [
     path("operator/utilization", operator.UtilizationView.as_view(), name="api-operator-utilization"),
     path("operator/device-events", operator.DeviceEventsView.as_view(), name="api-operator-device-events"),
     path("ingest/jobs/<int:job_id>/telemetry", views.TelemetryIngestView.as_view(), name="api-ingest-telemetry"),
+    path("ingest/jobs/<int:job_id>/bundle", views.BundleIngestView.as_view(), name="api-ingest-bundle"),
 ]

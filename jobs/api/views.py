@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
@@ -162,6 +163,22 @@ class TelemetryIngestView(APIView):
         events = parse_events(body.get("events"))
         applied = services.ingest_telemetry(job_id=job_id, token=token, events=events)
         return Response({"applied": applied})
+
+
+class BundleIngestView(APIView):
+    """Where a job's ranks on a cluster fetch its code bundle (``runtime.codefetch``), with the job's own
+    ingest token: the stored tar.gz, exactly as the tenant uploaded it."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+    throttle_classes = [PerJobIngestThrottle]
+
+    @extend_schema(responses={(200, "application/gzip"): OpenApiResponse(OpenApiTypes.BINARY)})
+    def get(self, request: Request, job_id: int) -> FileResponse:
+        scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+        token = credential.strip() if scheme == "Bearer" else ""
+        path = services.run_bundle_file(job_id=job_id, token=token)
+        return FileResponse(path.open("rb"), content_type="application/gzip")
 
 
 class QuotaView(APIView):

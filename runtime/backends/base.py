@@ -47,6 +47,9 @@ class LaunchRequest:
     # python and torchrun workloads: the job's code bundle (a tar.gz the control plane stored and
     # checked), unpacked for each attempt.
     bundle_path: str | None = None
+    # The same bundle over HTTP, for ranks that do not share the control plane's disk (Kubernetes): the
+    # ingest route that serves it to the job's token (``runtime.codefetch``).
+    bundle_url: str | None = None
     # The job's name across its attempts (``job_id`` names one attempt): what stays the same when a
     # job restarts, such as the user its ranks run as.
     job_key: str = ""

@@ -294,3 +294,61 @@ def test_the_clusters_word_on_its_nodes_takes_devices_out_and_returns_only_its_o
     services.set_device_health(
         Device.objects.filter(node__name="npu-910b-0").values_list("device_id", flat=True), "healthy", by="op"
     )
+
+
+def test_a_torchrun_script_from_a_bundle_runs_in_pods_that_fetch_and_check_its_code(
+    api_for, tenants, pool, kube, tmp_path
+):
+    from tests.integration.test_user_code_stack import upload
+    from tests.usercode import DDP_EXAMPLE
+
+    api = api_for(tenants[0].token)
+    bundle = upload(api, tmp_path / "bundle", {"train.py": DDP_EXAMPLE.read_text()})
+    spec = {
+        "name": "k8s-ddp",
+        "devices": 2,
+        "flavors": ["tpu-v4"],
+        "workload": {"kind": "torchrun", "bundle": bundle, "entrypoint": "train.py", "steps": 40},
+    }
+    job_id = api.post("/api/v1/jobs", spec).json()["id"]
+    run = _run(job_id)
+    pods = wait_until(lambda: len(kube.pods(run)) == 3 and kube.pods(run), what="the run's pods")
+
+    job = api.wait_for(job_id, FINAL, timeout_s=240)
+
+    assert job["state"] == "succeeded", (job["failure_reason"], _messages(job_id))
+    assert "done" in api.get(f"/api/v1/jobs/{job_id}/logs?rank=0").text.splitlines()
+    ranks = [p for p in pods if p["metadata"]["labels"]["polychip.io/role"] == "rank"]
+    assert all(p["spec"]["initContainers"][0]["name"] == "code" for p in ranks)
+    fetched = (kube.cluster.cluster.logs_dir / NAMESPACE / f"{run}-r0.code.log").read_text()
+    assert "fetched and unpacked" in fetched
+
+
+def test_a_container_job_runs_the_tenants_image_and_command_on_a_cluster(api_for, tenants, pool, kube):
+    api = api_for(tenants[0].token)
+    spec = {
+        "name": "k8s-container",
+        "devices": 2,
+        "flavors": ["tpu-v4"],
+        # The one image the emulated nodes hold; the command is the tenant's own, not Polychip's worker.
+        "workload": {
+            "kind": "container",
+            "image": IMAGE,
+            "command": [
+                "python",
+                "-c",
+                "import os; print('hello from rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])",
+            ],
+        },
+    }
+    response = api.post("/api/v1/jobs", spec)
+    assert response.status_code == 201, response.text
+
+    job = api.wait_for(response.json()["id"], FINAL, timeout_s=90)
+
+    assert job["state"] == "succeeded", (job["failure_reason"], _messages(job["id"]))
+    text = api.get(f"/api/v1/jobs/{job['id']}/logs").text
+    assert {line.split("] ", 1)[1] for line in text.splitlines()} == {
+        "hello from rank 0 of 2",
+        "hello from rank 1 of 2",
+    }

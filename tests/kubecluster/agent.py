@@ -214,16 +214,10 @@ class NodeAgent:
         names = self._dns(namespace)
         pod_dir = self.root / "pods" / namespace / name
         pod_dir.mkdir(parents=True, exist_ok=True)
-        run_mounts: dict[str, Path] = {}
-        configmaps: dict[str, str] = {}
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
-        for mount in container.get("volumeMounts") or []:
-            volume = volumes.get(mount["name"], {})
-            folder = pod_dir / "volumes" / mount["name"]
-            folder.mkdir(parents=True, exist_ok=True)
-            run_mounts[mount["mountPath"]] = folder
-            if "configMap" in volume:
-                configmaps[str(folder)] = volume["configMap"]["name"]
+        run_mounts, configmaps = self._mounts(container, volumes, pod_dir)
+        if not self._run_init_containers(pod, volumes, pod_dir, names, address):
+            return
         env = self._env(namespace, container, run_mounts, names)
         if env is None:
             self._waiting(namespace, name, "CreateContainerConfigError", "secret not found")
@@ -271,6 +265,74 @@ class NodeAgent:
                 ],
             },
         )
+
+    def _mounts(
+        self, container: Mapping[str, Any], volumes: Mapping[str, Any], pod_dir: Path
+    ) -> tuple[dict[str, Path], dict[str, str]]:
+        """mount path -> the volume's folder, and folder -> ConfigMap name for ConfigMap volumes."""
+        mounts: dict[str, Path] = {}
+        configmaps: dict[str, str] = {}
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"], {})
+            folder = pod_dir / "volumes" / mount["name"]
+            folder.mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = folder
+            if "configMap" in volume:
+                configmaps[str(folder)] = volume["configMap"]["name"]
+        return mounts, configmaps
+
+    def _run_init_containers(
+        self, pod: Mapping[str, Any], volumes: Mapping[str, Any], pod_dir: Path, names: Mapping[str, str], address: str
+    ) -> bool:
+        """Each init container to its end, in order (the pod stays Pending meanwhile); False when one
+        failed, with the pod marked Failed and the init container's exit code, as the kubelet does under
+        ``restartPolicy: Never``."""
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        for init in pod["spec"].get("initContainers") or []:
+            mounts, _ = self._mounts(init, volumes, pod_dir)
+            env = self._env(namespace, init, mounts, names)
+            argv = [
+                self._rewrite(part, mounts, names, address) for part in init.get("command", []) + init.get("args", [])
+            ]
+            if argv and argv[0] == "python":
+                argv[0] = sys.executable
+            started = now_text()
+            done = subprocess.run(argv, env=env, cwd=pod_dir, capture_output=True, timeout=300, check=False)
+            log = self.logs_dir / namespace / f"{name}.{init['name']}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_bytes(done.stdout + done.stderr)
+            terminated = {
+                "exitCode": done.returncode,
+                "reason": "Completed" if done.returncode == 0 else "Error",
+                "startedAt": started,
+                "finishedAt": now_text(),
+            }
+            status = {
+                "name": init["name"],
+                "ready": done.returncode == 0,
+                "restartCount": 0,
+                "state": {"terminated": terminated},
+            }
+            if done.returncode != 0:
+                self._waiting_pods.add((namespace, name))
+                self._status(
+                    namespace,
+                    name,
+                    {
+                        "phase": "Failed",
+                        "initContainerStatuses": [status],
+                        "containerStatuses": [
+                            {
+                                "name": "rank",
+                                "ready": False,
+                                "restartCount": 0,
+                                "state": {"waiting": {"reason": "PodInitializing"}},
+                            }
+                        ],
+                    },
+                )
+                return False
+        return True
 
     def _address(self, key: tuple[str, str]) -> str:
         if key not in self.addresses:

@@ -204,10 +204,29 @@ def test_a_container_job_runs_the_tenants_image_and_command_with_the_same_enviro
     assert "command" not in container and container["args"] == ["--epochs", "3"]  # the image's entrypoint runs
 
 
+def test_a_python_jobs_ranks_fetch_and_check_its_bundle_before_they_start():
+    bundle = "sha256:" + "b" * 64
+    launch = request(WorkloadSpec(kind="torchrun", bundle=bundle, entrypoint="train.py"))
+    url = "http://polychip-web.polychip.svc:8000/api/v1/ingest/jobs/7/bundle"
+    rank = valid(run_children(CONFIG, launch, "ns", UID, bundle_url=url)[-1])
+
+    (fetch,) = rank["spec"]["initContainers"]
+    assert fetch["command"] == ["python", "-m", "runtime.codefetch", url, bundle, "/polychip/code"]
+    assert fetch["image"] == CONFIG.worker_image
+    token = {
+        "name": "POLYCHIP_TELEMETRY_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": f"{RUN}-token", "key": "token"}},
+    }
+    assert token in fetch["env"]  # the run's own token, from its Secret
+    (container,) = rank["spec"]["containers"]
+    assert {"name": "code", "mountPath": "/polychip/code", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "code", "emptyDir": {"sizeLimit": "2Gi"}} in rank["spec"]["volumes"]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"workload": WorkloadSpec(kind="python", bundle="sha256:" + "a" * 64, entrypoint="m:f")}, "does not yet"),
+        ({"workload": WorkloadSpec(kind="python", bundle="sha256:" + "a" * 64, entrypoint="m:f")}, "bundle_url"),
         ({"placements": (RankPlacement(rank=0, device_id="x/0", flavor="tpu-v4", node="x"),)}, "'tpu-v4' has no"),
     ],
 )

@@ -38,6 +38,7 @@ from runtime.backends.base import Failure, LaunchRequest, LogLine, LogPage, Obse
 from runtime.backends.kubernetes.api import Api, ApiError
 from runtime.backends.kubernetes.inventory import ClusterInventory, read_inventory
 from runtime.backends.kubernetes.manifests import (
+    CODE_DIR,
     CONFIG_DIR,
     LABEL_RANK,
     LABEL_ROLE,
@@ -123,6 +124,7 @@ class KubernetesBackend:
                 "(lowercase letters, digits and dashes, starting with a letter)"
             )
         namespace = tenant_namespace(self.config, request.tenant or "default")
+        code_dir = CODE_DIR if request.workload.kind in ("python", "torchrun") else None
         configs = worker_configs(
             request,
             master_addr=f"store.{run}",  # the store pod's name under the run's headless Service
@@ -130,7 +132,7 @@ class KubernetesBackend:
             link=LinkEmulation(),  # a cluster's links are real: nothing to emulate
             collective_timeout_s=self.collective_timeout_s,
             telemetry_url=self._telemetry_url(request.telemetry_url),
-            files=lambda rank: {"control_file": f"{CONFIG_DIR}/{CONTROL_KEY}"},
+            files=lambda rank: {"control_file": f"{CONFIG_DIR}/{CONTROL_KEY}", "code_dir": code_dir},
         )
         parent = run_parent(request, namespace, configs)
         try:
@@ -142,7 +144,8 @@ class KubernetesBackend:
             if found is None:  # deleted between the two calls: a teardown won
                 raise RuntimeError(f"run {run} was torn down while it was being provisioned") from None
             made = found
-        for child in run_children(self.config, request, namespace, made["metadata"]["uid"]):
+        bundle_url = self._telemetry_url(request.bundle_url)
+        for child in run_children(self.config, request, namespace, made["metadata"]["uid"], bundle_url=bundle_url):
             try:
                 self.api.create(child)
             except ApiError as exc:

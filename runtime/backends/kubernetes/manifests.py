@@ -24,12 +24,10 @@ chooses, not the kubelet's to restart in place. The device plugin chooses which 
 a pod gets; Polychip pins the node and the count (device ids are the node's name and an index).
 
 Built-in jobs run the Polychip worker image; ``container`` jobs the tenant's image and command with the
-same environment. ``python`` and ``torchrun`` jobs need their code bundle in the pod: not yet rendered
-here (a later part of issue 21), refused with that reason.
-
-Known, to fix before the backend runs jobs: the ranks' telemetry URL must be the control plane's
-in-cluster address (the web Service), which the NetworkPolicy admits, not its public one behind the
-Ingress.
+same environment. ``python`` and ``torchrun`` jobs run the worker image too, with their code bundle
+fetched before the rank starts by an init container (``runtime.codefetch``: from the control plane's
+ingest route, with the run's token, checked against the job's SHA-256) into a pod-local volume at
+``CODE_DIR``.
 """
 
 from __future__ import annotations
@@ -51,6 +49,7 @@ LABEL_TENANT = "polychip.io/tenant"
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
 MANAGER = "polychip"
 CONFIG_DIR = "/etc/polychip/run"
+CODE_DIR = "/polychip/code"
 RUNNER_ACCOUNT = "polychip-runner"
 CONTROL_PLANE_ACCOUNT = "polychip-control-plane"
 TENANT_RUNS_ROLE = "polychip-tenant-runs"  # deploy/kubernetes/base/rbac.yaml
@@ -191,13 +190,16 @@ def run_parent(request: LaunchRequest, namespace: str, rank_configs: Mapping[int
     }
 
 
-def run_children(config: ClusterConfig, request: LaunchRequest, namespace: str, owner_uid: str) -> list[dict[str, Any]]:
-    """Everything else of the run, each owned by the parent (whose ``metadata.uid`` the apiserver gave)."""
+def run_children(
+    config: ClusterConfig, request: LaunchRequest, namespace: str, owner_uid: str, *, bundle_url: str | None = None
+) -> list[dict[str, Any]]:
+    """Everything else of the run, each owned by the parent (whose ``metadata.uid`` the apiserver gave);
+    ``bundle_url``: where the ranks of a python or torchrun job fetch its code (as the pods reach it)."""
     kind = request.workload.kind
-    if kind in ("python", "torchrun"):
+    if kind in ("python", "torchrun") and not (bundle_url and request.workload.bundle):
         raise ValueError(
-            f"workload.kind {kind}: the Kubernetes backend does not yet bring a code bundle into its pods; "
-            "run builtin or container jobs there, or python and torchrun jobs on the local backend"
+            f"workload.bundle: a {kind} job on Kubernetes needs its bundle and the URL its pods fetch it from "
+            "(LaunchRequest.bundle_url)"
         )
     for placement in request.placements:
         if placement.flavor not in config.resources:
@@ -244,8 +246,32 @@ def run_children(config: ClusterConfig, request: LaunchRequest, namespace: str, 
             f"{run}-r{placement.rank}",
             **{LABEL_ROLE: "rank", LABEL_RANK: str(placement.rank), LABEL_FLAVOR: placement.flavor},
         )
-        objects.append(_rank_pod(config, request, meta, placement.rank, placement.node, placement.flavor, world_size))
+        pod = _rank_pod(config, request, meta, placement.rank, placement.node, placement.flavor, world_size)
+        if kind in ("python", "torchrun") and bundle_url:
+            _with_code(config, pod, request.workload.bundle, bundle_url, run)
+        objects.append(pod)
     return objects
+
+
+def _with_code(config: ClusterConfig, pod: dict[str, Any], bundle: str, url: str, run: str) -> None:
+    """The rank's code: fetched and checked by an init container into a volume the rank reads."""
+    spec = pod["spec"]
+    rank = spec["containers"][0]
+    token = next(e for e in rank["env"] if e["name"] == TELEMETRY_TOKEN_ENV)
+    resources = {"cpu": config.store_cpu, "memory": "512Mi"}
+    spec["initContainers"] = [
+        {
+            "name": "code",
+            "image": config.worker_image,
+            "command": ["python", "-m", "runtime.codefetch", url, bundle, CODE_DIR],
+            "env": [token, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+            "resources": {"requests": resources, "limits": resources},
+            "volumeMounts": [{"name": "code", "mountPath": CODE_DIR}],
+            "securityContext": _container_security(),
+        }
+    ]
+    rank["volumeMounts"].append({"name": "code", "mountPath": CODE_DIR, "readOnly": True})
+    spec["volumes"].append({"name": "code", "emptyDir": {"sizeLimit": "2Gi"}})
 
 
 def _pod_spec(run: str, hostname: str) -> dict[str, Any]:

@@ -121,6 +121,13 @@ def observation_of(
             ranks.append(RankState(rank=rank, pid=None, exit_code=None))
             pending.append(f"rank {rank} {waiting['reason']}")
             continue
+        fetch = _failed_init(pod)
+        if fetch is not None:  # its code could not be fetched (1) or was refused (2: bad config, not retried)
+            ranks.append(RankState(rank=rank, pid=None, exit_code=None))
+            at = _time(fetch.get("finishedAt"), now)
+            ended[rank] = int(fetch["exitCode"])
+            failures.append(Failure(rank=rank, cause="exit", detected_at=at, exit_code=fetch.get("exitCode")))
+            continue
         terminated = state.get("terminated")
         disrupted = _disruption(pod)
         phase = pod.get("status", {}).get("phase")
@@ -168,7 +175,19 @@ def observation_of(
     return Observation(phase=Phase.RUNNING, ranks=tuple(ranks))
 
 
+def _failed_init(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The terminated state of an init container that failed, if one did."""
+    for status in pod.get("status", {}).get("initContainerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated") or {}
+        if isinstance(terminated.get("exitCode"), int) and terminated["exitCode"] != 0:
+            return terminated
+    return None
+
+
 def _failure_reason(failure: Failure, pod: Mapping[str, Any] | None) -> str:
+    if pod is not None and (fetch := _failed_init(pod)) is not None:
+        what = "was refused" if fetch.get("exitCode") == EXIT_BAD_CONFIG else "could not be fetched"
+        return f"rank {failure.rank}: its code bundle {what} (init container exited with {fetch.get('exitCode')})"
     if failure.cause == "gone":
         return f"rank {failure.rank}'s pod is gone"
     if failure.cause in (NODE_LOST, DISRUPTION) and pod is not None:
