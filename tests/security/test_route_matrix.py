@@ -41,6 +41,7 @@ PUBLIC = {
     "login/": "the sign-in page",
     "logout/": "signing out",
     "api/v1/ingest/jobs/<int:job_id>/telemetry": "worker ingest, with its own per-job HMAC token (tested below)",
+    "api/v1/ingest/jobs/<int:job_id>/bundle": "a job's code for its pods, with the same per-job token (tested below)",
     "api/v1/job-spec/schema": "the job spec's JSON Schema: describes the product, no tenant data",
     "api/v1/schema": "the API's OpenAPI schema: describes the product, no tenant data",
     "api/v1/docs": "Swagger UI over that schema",
@@ -556,3 +557,35 @@ def test_the_ingest_takes_only_the_jobs_own_token(world, tenants):
     assert mine.last_heartbeat_at is None and JobEvent.objects.filter(job=mine).count() == events
     # The control: the right token is taken.
     assert post(f"Bearer {jobs.ingest_token(mine)}").status_code == 200
+
+
+BUNDLE = "api/v1/ingest/jobs/<int:job_id>/bundle"
+
+
+def test_a_jobs_bundle_is_served_only_to_the_jobs_own_token(world, tenants, tmp_path):
+    from jobs import services as jobs
+    from jobs.models import TrainingJob
+    from runtime.jobspec import parse_job_spec
+    from tests.usercode import make_bundle
+
+    assert BUNDLE in ROUTES and BUNDLE in PUBLIC
+    path, ref = make_bundle(tmp_path, {"train.py": "print('mine')\n"})
+    with path.open("rb") as upload:
+        jobs.store_bundle(tenant_id=world.acme.id, user_id=None, upload_file=upload, name="code.tar.gz")
+    spec = {"name": "code", "devices": 1, "flavors": ["tpu-v4"]}
+    code = {"kind": "python", "bundle": ref, "entrypoint": "train.py"}
+    mine = jobs.submit_job(tenant_id=world.acme.id, user_id=None, spec=parse_job_spec({**spec, "workload": code}))
+    plain = jobs.submit_job(tenant_id=tenants[1].id, user_id=None, spec=parse_job_spec(spec))
+    mine_job, plain_job = TrainingJob.objects.get(pk=mine.id), TrainingJob.objects.get(pk=plain.id)
+
+    def get(job_id: int, auth: str | None) -> Any:
+        headers = {"Authorization": auth} if auth is not None else {}
+        return Client().get("/" + BUNDLE.replace("<int:job_id>", str(job_id)), headers=headers)
+
+    for auth in (None, "Bearer wrong", f"Bearer {jobs.ingest_token(plain_job)}", f"Bearer {world.acme.token}"):
+        assert get(mine.id, auth).status_code in (401, 403), auth
+    assert get(plain.id, f"Bearer {jobs.ingest_token(mine_job)}").status_code in (401, 403)
+    # A job that runs no bundle has none to give, even to its own token.
+    assert get(plain.id, f"Bearer {jobs.ingest_token(plain_job)}").status_code == 404
+    served = get(mine.id, f"Bearer {jobs.ingest_token(mine_job)}")
+    assert served.status_code == 200 and b"".join(served.streaming_content) == path.read_bytes()
