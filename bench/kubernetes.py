@@ -140,7 +140,7 @@ def job_to_pods(jobs: int) -> float:
         root = Path(scratch)
         with RunningCluster(root / "apiserver") as cluster:
             _nodes(cluster)
-            agent_api = Api(connect(str(cluster.kubeconfig)))
+            agent_api = Api(connect(str(cluster.admin_kubeconfig)))
             with NodeAgent(agent_api, root / "nodes", images=frozenset({IMAGE}), logs_dir=cluster.cluster.logs_dir):
                 port = free_port()
                 url = f"http://127.0.0.1:{port}"

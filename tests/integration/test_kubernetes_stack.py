@@ -57,12 +57,13 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
             cluster.add_node(
                 node.name, labels={"polychip.io/flavor": node.flavor}, resources={resources[node.flavor]: node.devices}
             )
-        agent_api = Api(connect(str(cluster.kubeconfig)))
+        agent_api = Api(connect(str(cluster.admin_kubeconfig)))
         with NodeAgent(
             agent_api, root / "nodes", images=frozenset({IMAGE}), logs_dir=cluster.cluster.logs_dir
         ) as agent:
             yield Kube(cluster, agent)
             assert agent.errors == []
+            assert cluster.cluster.denied == []  # RBAC (deploy's rbac.yaml) allowed all the control plane did
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,14 @@ own emulator lacks what the backend depends on. Each gap, and what stands in for
 - ``pods/log`` answers the pod object: here it serves what the node agent wrote (``timestamps``,
   ``tailLines``).
 
+- no authorization: RBAC is enforced here for the control plane's token (``kubeconfig``) with the
+  ClusterRoles and bindings of ``deploy/kubernetes/base/rbac.yaml`` and the RoleBindings in the store,
+  as the RBAC authorizer does (verbs from the method, subresources, resourceNames, the "bind" check on
+  RoleBindings); the admin token (``admin_kubeconfig``: the node agent's) may do anything.
+
 What stays unemulated: admission (quotas, limit ranges, network policies are stored, not enforced),
-scheduling (pods say their node; the agent runs them), authentication and RBAC (any client may do
-anything), strategic merge patch (merge patch only), and field selectors.
+scheduling (pods say their node; the agent runs them), Roles (only ClusterRoles are bound here),
+aggregated roles, strategic merge patch (merge patch only), and field selectors.
 """
 
 from __future__ import annotations
@@ -45,8 +50,11 @@ from typing import Any
 
 import aiohttp.web
 import attrs
+import yaml
 from kmock import KubernetesScaffold, Server
 from kmock._internal.k8s import KubernetesError, KubernetesObjectConflictError, KubernetesObjectNotFoundError
+
+RBAC_FILE = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "base" / "rbac.yaml"
 
 # A line per request would drown what the tests print.
 logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
@@ -64,9 +72,20 @@ RESOURCES = {
     "limitranges": ("LimitRange", True),
     "networkpolicies": ("NetworkPolicy", True),
     "rolebindings": ("RoleBinding", True),
+    "clusterroles": ("ClusterRole", False),
+    "clusterrolebindings": ("ClusterRoleBinding", False),
 }
 
 Key = tuple[str, str, str]  # (plural, namespace or "", name)
+GROUPS = {
+    "networkpolicies": "networking.k8s.io",
+    "rolebindings": "rbac.authorization.k8s.io",
+    "clusterroles": "rbac.authorization.k8s.io",
+    "clusterrolebindings": "rbac.authorization.k8s.io",
+}
+ADMIN_TOKEN = "emulated-admin"  # the node agent's and the tests' own: every right
+CONTROL_PLANE_TOKEN = "emulated-control-plane"  # the control plane's service account, as deploy/ binds it
+CONTROL_PLANE_ACCOUNT = ("polychip", "polychip-control-plane")
 
 
 def now_text() -> str:
@@ -126,6 +145,10 @@ class EmulatedCluster(KubernetesScaffold):
     _loop: asyncio.AbstractEventLoop | None = attrs.field(default=None, init=False)
     # Every pod ever created, as created (the bench reads creation times after the pods are gone).
     pods_made: list[dict[str, Any]] = attrs.field(factory=list, init=False)
+    # Requests are authorized as the apiserver's RBAC authorizer does, with the ClusterRoles, bindings
+    # and RoleBindings in the store (the tests load deploy/kubernetes/base/rbac.yaml); off: anyone may.
+    rbac: bool = False
+    denied: list[str] = attrs.field(factory=list, init=False)
     watches_served: int = attrs.field(default=0, init=False)
     gone_answers: int = attrs.field(default=0, init=False)
 
@@ -316,6 +339,7 @@ class EmulatedCluster(KubernetesScaffold):
                 dict(raw_request.query),
                 data,
                 raw_request,
+                raw_request.headers.get("Authorization", ""),
             )
         except KubernetesError as exc:
             return await self._render_error(exc)
@@ -335,6 +359,7 @@ class EmulatedCluster(KubernetesScaffold):
             dict(request.params),
             request.data,
             request._raw_request,
+            dict(request.headers).get("Authorization", ""),
         )
 
     async def _serve(
@@ -347,10 +372,14 @@ class EmulatedCluster(KubernetesScaffold):
         params: dict[str, str],
         data: Any,
         raw_request: aiohttp.web.BaseRequest,
+        authorization: str = "",
     ) -> aiohttp.web.StreamResponse:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
             self._changed = asyncio.Event()
+        if self.rbac:
+            with self._mutex:
+                self._authorize(authorization, method, plural, namespace, name, subresource, params, data)
         if method == "GET" and params.get("watch") in ("true", "1"):
             return await self._watch(raw_request, plural, namespace, params)
         with self._mutex:
@@ -375,6 +404,73 @@ class EmulatedCluster(KubernetesScaffold):
                 grace = options.get("gracePeriodSeconds", params.get("gracePeriodSeconds"))
                 return _json(self.delete(key, grace_period_s=None if grace is None else int(grace)))
         raise KubernetesError(status=405, reason="MethodNotAllowed", message=method)
+
+    # -- RBAC --------------------------------------------------------------------------------------------
+
+    def _authorize(
+        self,
+        authorization: str,
+        method: str,
+        plural: str,
+        namespace: str | None,
+        name: str | None,
+        subresource: str | None,
+        params: Mapping[str, str],
+        data: Any,
+    ) -> None:
+        token = authorization.removeprefix("Bearer ").strip()
+        if token == ADMIN_TOKEN:
+            return
+        if token != CONTROL_PLANE_TOKEN:
+            raise KubernetesError(status=401, reason="Unauthorized", message="Unauthorized")
+        if method == "GET":
+            verb = "watch" if params.get("watch") in ("true", "1") else ("get" if name else "list")
+        else:
+            verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method, method.lower())
+        if plural == "namespaces" and verb == "create":
+            name = None
+        resource = f"{plural}/{subresource}" if subresource else plural
+        group = GROUPS.get(plural, "")
+        rules = self._rules(CONTROL_PLANE_ACCOUNT, namespace if plural != "namespaces" else None)
+        allowed = _allows(rules, verb, group, resource, name)
+        if allowed and plural == "rolebindings" and verb in ("create", "update", "patch") and isinstance(data, dict):
+            # Escalation check: binding a role needs "bind" on it (or every right it grants).
+            role = (data.get("roleRef") or {}).get("name")
+            allowed = _allows(rules, "bind", "rbac.authorization.k8s.io", "clusterroles", role)
+        if not allowed:
+            user = f"system:serviceaccount:{CONTROL_PLANE_ACCOUNT[0]}:{CONTROL_PLANE_ACCOUNT[1]}"
+            where = (
+                f' in the namespace "{namespace}"' if namespace and plural != "namespaces" else " at the cluster scope"
+            )
+            message = (
+                f'{resource} is forbidden: User "{user}" cannot {verb} resource "{resource}" '
+                f'in API group "{group}"{where}'
+            )
+            self.denied.append(message)
+            raise KubernetesError(status=403, reason="Forbidden", message=message)
+
+    def _rules(self, account: tuple[str, str], namespace: str | None) -> list[Mapping[str, Any]]:
+        """The rules that hold for the account: its ClusterRoleBindings' everywhere, and in ``namespace``
+        its RoleBindings' there."""
+
+        def binds(binding: Mapping[str, Any]) -> bool:
+            return any(
+                s.get("kind") == "ServiceAccount" and (s.get("namespace"), s.get("name")) == account
+                for s in binding.get("subjects") or []
+            )
+
+        def role_rules(ref: Mapping[str, Any], ns: str) -> list[Mapping[str, Any]]:
+            kind = "clusterroles" if ref.get("kind") == "ClusterRole" else "roles"
+            role = self._store.get((kind, "" if kind == "clusterroles" else ns, str(ref.get("name"))))
+            return list((role or {}).get("rules") or [])
+
+        rules: list[Mapping[str, Any]] = []
+        for (plural, ns, _), obj in self._store.items():
+            if plural == "clusterrolebindings" and binds(obj):
+                rules += role_rules(obj.get("roleRef") or {}, "")
+            elif plural == "rolebindings" and namespace is not None and ns == namespace and binds(obj):
+                rules += role_rules(obj.get("roleRef") or {}, ns)
+        return rules
 
     def _log(self, key: Key, params: Mapping[str, str]) -> aiohttp.web.StreamResponse:
         if key not in self._store:
@@ -468,6 +564,21 @@ class EmulatedCluster(KubernetesScaffold):
         return response
 
 
+def _allows(rules: list[Mapping[str, Any]], verb: str, group: str, resource: str, name: str | None) -> bool:
+    for rule in rules:
+        if not ({"*", group} & set(rule.get("apiGroups") or [])):
+            continue
+        if not ({"*", resource} & set(rule.get("resources") or [])):
+            continue
+        if not ({"*", verb} & set(rule.get("verbs") or [])):
+            continue
+        names = rule.get("resourceNames") or []
+        if names and name not in names:
+            continue
+        return True
+    return False
+
+
 def _system_meta(current: Mapping[str, Any]) -> dict[str, Any]:
     meta = current.get("metadata", {})
     keep = ("uid", "creationTimestamp", "namespace", "name", "deletionTimestamp", "deletionGracePeriodSeconds")
@@ -482,10 +593,13 @@ class RunningCluster:
     """The emulator served on a loopback port from a thread of its own: ``url``, ``cluster`` (the store),
     ``kubeconfig`` (a file for ``POLYCHIP_K8S_KUBECONFIG``)."""
 
-    def __init__(self, root: Path, *, bookmark_s: float = 1.0) -> None:
+    def __init__(self, root: Path, *, bookmark_s: float = 1.0, rbac: Path | None = RBAC_FILE) -> None:
+        """``rbac``: the manifests whose ClusterRoles and bindings authorize the control plane (``kubeconfig``);
+        None: no authorization. ``admin_kubeconfig`` holds every right (the node agent's)."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        self.cluster = EmulatedCluster(logs_dir=root / "logs", bookmark_s=bookmark_s)
+        self.cluster = EmulatedCluster(logs_dir=root / "logs", bookmark_s=bookmark_s, rbac=rbac is not None)
+        self._rbac_file = rbac
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -497,25 +611,33 @@ class RunningCluster:
         self._thread.start()
         if not self._ready.wait(30) or self._error is not None:
             raise RuntimeError(f"the Kubernetes emulator did not start: {self._error!r}")
-        self.kubeconfig = self.root / "kubeconfig"
-        self.kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "emulated", "cluster": {"server": self.url}}],
-                    "users": [{"name": "polychip", "user": {"token": "emulated"}}],
-                    "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "polychip"}}],
-                    "current-context": "emulated",
-                }
-            )
-        )
+        self.kubeconfig = self._kubeconfig("kubeconfig", CONTROL_PLANE_TOKEN)
+        self.admin_kubeconfig = self._kubeconfig("admin-kubeconfig", ADMIN_TOKEN)
+        if self._rbac_file is not None:
+            self.cluster.put("namespaces", {"metadata": {"name": CONTROL_PLANE_ACCOUNT[0]}})
+            for doc in yaml.safe_load_all(self._rbac_file.read_text()):
+                plural = {"ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings"}.get(doc["kind"])
+                if plural is not None:
+                    self.cluster.put(plural, doc)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=10)
+
+    def _kubeconfig(self, name: str, token: str) -> Path:
+        path = self.root / name
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "emulated", "cluster": {"server": self.url}}],
+            "users": [{"name": "user", "user": {"token": token}}],
+            "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "user"}}],
+            "current-context": "emulated",
+        }
+        path.write_text(json.dumps(config))
+        return path
 
     def _serve(self) -> None:
         async def main() -> None:

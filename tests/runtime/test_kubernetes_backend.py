@@ -67,7 +67,7 @@ def kube(tmp_path: Path) -> Iterator[Kube]:
     with RunningCluster(tmp_path / "apiserver", bookmark_s=0.5) as cluster, TelemetrySink() as sink:
         for node, resource in NODES.items():
             cluster.add_node(node, labels={"polychip.io/flavor": node}, resources={resource: 4})
-        agent_api = Api(connect(str(cluster.kubeconfig)))
+        agent_api = Api(connect(str(cluster.admin_kubeconfig)))
         with NodeAgent(
             agent_api, tmp_path / "nodes", images=frozenset({IMAGE}), logs_dir=cluster.cluster.logs_dir
         ) as agent:
@@ -81,6 +81,7 @@ def kube(tmp_path: Path) -> Iterator[Kube]:
             finally:
                 backend.close()
             assert agent.errors == []
+            assert cluster.cluster.denied == []  # RBAC (deploy's rbac.yaml) allowed all the backend did
 
 
 def _request(
@@ -256,7 +257,24 @@ def test_provision_names_what_is_wrong(kube: Kube) -> None:
     with pytest.raises(ValueError, match="DNS label"):
         kube.backend.provision(_request(kube, "Upper_Case"))
     request = _request(kube, "nowhere-1")
-    with pytest.raises(ApiError, match="not found") as caught:
+    # A tenant whose namespace was never synced: the control plane holds no right there at all.
+    with pytest.raises(ApiError, match='cannot create resource "configmaps"') as caught:
         kube.backend.provision(LaunchRequest(**{**request.__dict__, "tenant": "nobody"}))
-    assert caught.value.status == 404
+    assert caught.value.status == 403
     assert kube.cluster.objects_of_run("nowhere-1") == []
+    kube.cluster.cluster.denied.clear()
+
+
+def test_the_control_plane_holds_rights_in_tenants_namespaces_only(kube: Kube) -> None:
+    """Authorized as deploy/kubernetes/base/rbac.yaml binds it: everything the backend did in the other
+    tests passed (the fixture checks that nothing was denied); outside tenants' namespaces, nothing."""
+    api = kube.backend.api
+    for kind, namespace in (("Pod", "kube-system"), ("Secret", "polychip"), ("ConfigMap", "default")):
+        with pytest.raises(ApiError) as caught:
+            api.list(kind, namespace)
+        assert caught.value.status == 403, kind
+    with pytest.raises(ApiError, match="forbidden"):
+        api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x", "namespace": "kube-system"}})
+    assert len(api.list("Node", None).items) == 2  # the inventory reads nodes cluster-wide
+    assert api.list("Secret", "polychip-t-acme").items == []  # and its tenants' namespaces
+    kube.cluster.cluster.denied.clear()

@@ -94,8 +94,9 @@ def _metadata(name: str, namespace: str | None = None, **labels: str) -> dict[st
 
 
 def tenant_objects(config: ClusterConfig, tenant_slug: str, device_limits: Mapping[str, int]) -> list[dict[str, Any]]:
-    """The tenant's namespace and what guards it; ``device_limits``: the most of each extended resource
-    its pods may ask for at once (its quota and what its cohort could lend)."""
+    """The tenant's namespace and what guards it, in the order they can be made: the namespace, then the
+    RoleBinding that gives the control plane its rights there, then the rest; ``device_limits``: the most
+    of each extended resource its pods may ask for at once (its quota and what it could borrow)."""
     namespace = tenant_namespace(config, tenant_slug)
     labels = {LABEL_TENANT: tenant_slug}
     own_pods: dict[str, Any] = {"podSelector": {}}
@@ -114,6 +115,16 @@ def tenant_objects(config: ClusterConfig, tenant_slug: str, device_limits: Mappi
     }
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": _metadata(namespace, **labels)},
+        # Second: the control plane's rights in the namespace, without which it could make nothing else there.
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata("polychip-control-plane", namespace, **labels),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": TENANT_RUNS_ROLE},
+            "subjects": [
+                {"kind": "ServiceAccount", "name": CONTROL_PLANE_ACCOUNT, "namespace": config.control_plane_namespace}
+            ],
+        },
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
@@ -151,15 +162,6 @@ def tenant_objects(config: ClusterConfig, tenant_slug: str, device_limits: Mappi
                 "ingress": [{"from": [own_pods]}],
                 "egress": [{"to": [own_pods]}, control_plane_web, dns],
             },
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": _metadata("polychip-control-plane", namespace, **labels),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": TENANT_RUNS_ROLE},
-            "subjects": [
-                {"kind": "ServiceAccount", "name": CONTROL_PLANE_ACCOUNT, "namespace": config.control_plane_namespace}
-            ],
         },
     ]
 
