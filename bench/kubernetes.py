@@ -194,7 +194,7 @@ def reconcile_and_teardown(passes: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="polychip-bench-k8s-") as scratch, RunningCluster(Path(scratch)) as cluster:
         cluster.cluster.graceful_pods = False  # no agent: nothing runs the pods, deletes are at once
         backend = KubernetesBackend(
-            Api(connect(str(cluster.kubeconfig))), CONFIG, Path(scratch) / "runs", teardown_wait_s=30
+            Api(connect(str(cluster.kubeconfig))), CONFIG, Path(scratch) / "runs", force_after_s=30
         )
         backend.sync_tenant("bench", {r: 10_000 for r in CONFIG.resources.values()})
         handles = [backend.provision(_request(f"run-{n}", ranks)) for n in range(runs)]

@@ -27,7 +27,7 @@ from jobs.finishing import finish_job
 from jobs.models import TERMINAL_STATES, Flavor, JobAttempt, JobEvent, JobState, TrainingJob
 from jobs.pool import devices_per_flavor, untorn_attempts
 from jobs.runs import checkpoint_url, ingest_token, job_key, run_key
-from runtime.backends.base import Backend, LaunchRequest, Phase, RankPlacement
+from runtime.backends.base import Backend, BackendUnavailable, LaunchRequest, Phase, RankPlacement
 from runtime.jobspec import MAX_PRIORITY, JobSpec, stored_job_spec
 from tenants import services as tenants
 
@@ -194,6 +194,10 @@ def provision_job(job_id: int) -> bool:
     try:
         _prepare_tenant(backend, job)
         handle = backend.provision(_launch_request(job))
+    except BackendUnavailable as exc:
+        # Nothing was started; the claim stays, so the sweep launches it again once the claim is stale.
+        log.warning("provisioning job %s: %s; retrying later", job_id, exc)
+        return False
     except Exception as exc:
         log.exception("provisioning job %s failed", job_id)
         finish_job(
@@ -344,7 +348,9 @@ def _still_stopping(run: JobAttempt, handle: dict[str, Any], backend: Backend) -
         backend.request_stop(handle, "preempted")
         return True
     asked_at = JobAttempt.objects.values_list("stop_asked_at", flat=True).get(pk=run.pk)
-    return asked_at is not None and (now - asked_at).total_seconds() < STOP_BEFORE_TEARDOWN_S
+    # A backend whose stop takes longer to arrive (a cluster's ConfigMap refresh) says how long to give it.
+    window = float(getattr(backend, "stop_window_s", STOP_BEFORE_TEARDOWN_S))
+    return asked_at is not None and (now - asked_at).total_seconds() < window
 
 
 def untorn_job_ids() -> list[int]:

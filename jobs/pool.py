@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.db.models import Count, F, Q, QuerySet
@@ -23,7 +23,7 @@ from jobs.models import (
     Node,
     PoolTopology,
 )
-from runtime.inventory import Fabric, Pool, make_topology, rack_fat_tree
+from runtime.inventory import Fabric, Health, Pool, make_topology, rack_fat_tree
 from runtime.scheduling import FreeDevice
 
 if TYPE_CHECKING:
@@ -39,13 +39,13 @@ def known_flavors() -> set[str]:
     return set(Flavor.objects.values_list("name", flat=True))
 
 
-@transaction.atomic
 def devices_per_flavor() -> dict[str, int]:
     """How many devices the pool has of each flavor, whatever their health."""
     rows = Device.objects.values_list("flavor__name").annotate(n=Count("pk"))
     return {name: n for name, n in rows}
 
 
+@transaction.atomic
 def sync_pool(pool: Pool) -> int:
     """Upsert flavors, nodes (rack, coordinates), devices (memory) and the topology from a parsed
     pool file; returns the device count. Running it twice changes nothing the second time, and it
@@ -94,15 +94,26 @@ def sync_pool(pool: Pool) -> int:
 CLUSTER = "cluster"  # the actor on the health changes the cluster's word makes
 
 
+@transaction.atomic
 def sync_cluster(inventory: ClusterInventory) -> dict[str, int]:
     """The cluster's nodes into the pool (``sync_pool`` of what it found), and its word on their health:
     a device on a node that is not ready, cordoned, tainted or under pressure (or one its device plugin
-    withdrew) takes that health, by ``cluster: <why>``; one that the cluster took out and now shows
+    withdrew, or on a node the cluster no longer has) takes that health, by ``cluster: <why>``; one that
+    the cluster took out and now shows
     healthy comes back. A device that an operator or recovery took out is theirs: the cluster neither
     changes nor returns it (so an operator's cordon outlives a node's outage). Returns the devices
     synced and the health changes made."""
+    from runtime.backends.kubernetes.inventory import NodeState
+
+    # Under the admission lock from the first read: an operator's cordon cannot slip in between.
+    locks.admission_lock(wait=True)
     devices = sync_pool(inventory.pool)
-    states = inventory.device_health()
+    states: dict[str, Any] = dict(inventory.device_health())
+    # Devices of nodes the cluster no longer has (deleted, relabelled, or allocating none) are out too.
+    present = {node.name for node in inventory.pool.nodes}
+    for device_id, node in Device.objects.exclude(node__name__in=present).values_list("device_id", "node__name"):
+        why = inventory.left_out.get(node, "no longer in the cluster")
+        states[device_id] = NodeState(Health.CORDONED, f"node {node}: {why}")
     current = dict(Device.objects.filter(device_id__in=states).values_list("device_id", "health"))
     last_by = _last_health_actors(states)
     order = {DeviceHealth.HEALTHY: 0, DeviceHealth.DEGRADED: 1, DeviceHealth.CORDONED: 2, DeviceHealth.FAILED: 3}

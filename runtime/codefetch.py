@@ -3,10 +3,13 @@
     python -m runtime.codefetch URL SHA256 DEST
 
 It downloads the job's bundle from the control plane (``GET /api/v1/ingest/jobs/{id}/bundle``, with the
-run's ingest token from ``POLYCHIP_TELEMETRY_TOKEN``), at most ``--max-bytes``, and unpacks it into
-DEST with ``runtime.bundles.extract_bundle``, which checks every entry again and the bytes against
-the SHA-256 the job names: what runs is exactly what the tenant uploaded, or nothing. Exit 0 when
-unpacked, 2 (the worker's "bad config") when the bundle was refused, 1 when it could not be fetched.
+run's ingest token from ``POLYCHIP_TELEMETRY_TOKEN``; redirects are not followed, so the token goes
+nowhere else), at most ``--max-bytes``, and unpacks it into DEST with ``runtime.bundles.extract_bundle``,
+which checks every entry again and the bytes against the SHA-256 the job names: what runs is exactly
+what the tenant uploaded, or nothing. DEST is made here (inside the pod's volume, whose own folder
+belongs to root). Exit 0 when unpacked; 2 (the worker's "bad config", not retried) when the bundle was
+refused or the control plane refused this run (401, 403, 404); 1 when it could not be fetched (retried
+by recovery).
 Plain Python: no Django here.
 """
 
@@ -33,9 +36,16 @@ def fetch(url: str, token: str, dest: Path, sha256: str, *, max_bytes: int = DEF
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})  # noqa: S310 (http(s) only, below)
     if not url.startswith(("http://", "https://")):
         raise BundleError("url", f"{url!r} is not an http(s) URL")
+    opener = urllib.request.build_opener(_NoRedirects)
     with tempfile.NamedTemporaryFile(suffix=".tar.gz") as archive:
         size = 0
-        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+        try:
+            response = opener.open(request, timeout=60)
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403, 404):
+                raise BundleError("bundle", f"the control plane answered {exc.code} for {url}") from None
+            raise
+        with response:
             while chunk := response.read(CHUNK):
                 size += len(chunk)
                 if size > max_bytes:
@@ -46,6 +56,11 @@ def fetch(url: str, token: str, dest: Path, sha256: str, *, max_bytes: int = DEF
         archive.flush()
         extract_bundle(Path(archive.name), dest, expected_sha256=sha256.removeprefix("sha256:"))
     return size
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None  # a redirect is an error here: the token is for the control plane alone
 
 
 def main(argv: list[str] | None = None) -> int:

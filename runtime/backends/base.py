@@ -68,6 +68,11 @@ def vendor_groups(placements: tuple[RankPlacement, ...]) -> tuple[int, ...]:
     return tuple(groups)
 
 
+class BackendUnavailable(Exception):
+    """The backend could not be reached, or answered that it is overloaded: nothing was started (what was,
+    has been removed), and the same call may succeed later."""
+
+
 class Phase(StrEnum):
     PENDING = "pending"
     RUNNING = "running"

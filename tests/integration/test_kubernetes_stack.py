@@ -292,6 +292,23 @@ def test_the_clusters_word_on_its_nodes_takes_devices_out_and_returns_only_its_o
     # What the cluster took out comes back; what the operator cordoned stays cordoned.
     assert health("tpu-v4-0") == {DeviceHealth.HEALTHY} and health("npu-910b-0") == {DeviceHealth.CORDONED}
     assert services.sync_cluster_inventory() == {"devices": 12, "health_changes": 0}
+
+    # A node the cluster no longer has takes its devices out with it, until it is back.
+    node = kube.cluster.cluster.objects("nodes")
+    (tpu_node,) = [n for n in node if n["metadata"]["name"] == "tpu-v4-0"]
+    emulated.delete(("nodes", "", "tpu-v4-0"))
+    assert services.sync_cluster_inventory() == {"devices": 8, "health_changes": 4}
+    assert health("tpu-v4-0") == {DeviceHealth.CORDONED}
+    assert Device.objects.filter(node__name="tpu-v4-0").first().events.last().by == (
+        "cluster: node tpu-v4-0: no longer in the cluster"
+    )
+    emulated.put(
+        "nodes",
+        {k: v for k, v in tpu_node.items() if k != "metadata"}
+        | {"metadata": {"name": "tpu-v4-0", "labels": tpu_node["metadata"]["labels"]}},
+    )
+    services.sync_cluster_inventory()
+    assert health("tpu-v4-0") == {DeviceHealth.HEALTHY}
     services.set_device_health(
         Device.objects.filter(node__name="npu-910b-0").values_list("device_id", flat=True), "healthy", by="op"
     )

@@ -102,9 +102,9 @@ class NodeAgent:
         return run.process.pid if run is not None else None
 
     def fail_node(self, node: str) -> list[str]:
-        """The node dies: its processes are killed, and its pods marked as the taint manager marks them
-        before it deletes them (a ``DisruptionTarget`` condition, reason ``DeletionByTaintManager``). They
-        stay, failed, as pods of a node that cannot confirm their end stay. Returns the pods."""
+        """The node dies: its processes are killed, and its pods marked and deleted as the taint manager
+        does (a ``DisruptionTarget`` condition, reason ``DeletionByTaintManager``). They stay, still
+        "Running" and terminating, as pods of a node that cannot confirm their end stay. Returns the pods."""
         with self._lock:  # not while the loop looks at the same processes
             return self._fail_node(node)
 
@@ -117,20 +117,18 @@ class NodeAgent:
             run.stopping = True
             self._kill(run, signal.SIGKILL)
             run.process.wait(timeout=10)
-            status = {
-                "phase": "Failed",
-                "conditions": [
-                    {
-                        "type": "DisruptionTarget",
-                        "status": "True",
-                        "reason": "DeletionByTaintManager",
-                        "message": "Taint manager: deleting due to NoExecute taint",
-                        "lastTransitionTime": now_text(),
-                    }
-                ],
-                "containerStatuses": [self._terminated(run, 137, "Error")],
+            # The taint manager marks the pod and deletes it; with no kubelet to confirm, it stays
+            # "Running" and terminating until someone force-deletes it.
+            condition = {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "DeletionByTaintManager",
+                "message": "Taint manager: deleting due to NoExecute taint",
+                "lastTransitionTime": now_text(),
             }
-            self._status(key[0], key[1], status)
+            self._status(key[0], key[1], {"conditions": [condition]})
+            with contextlib.suppress(ApiError):
+                self.api.request("DELETE", f"/api/v1/namespaces/{key[0]}/pods/{key[1]}", body={})
             self.running.pop(key, None)
             gone.append(key[1])
         return gone

@@ -73,7 +73,7 @@ def kube(tmp_path: Path) -> Iterator[Kube]:
         ) as agent:
             config = ClusterConfig(worker_image=IMAGE, resources=RESOURCES)
             backend = KubernetesBackend(
-                Api(connect(str(cluster.kubeconfig))), config, tmp_path / "runs", watch_timeout_s=5
+                Api(connect(str(cluster.kubeconfig))), config, tmp_path / "runs", watch_timeout_s=5, force_after_s=3
             )
             backend.sync_tenant("acme", {"nvidia.com/gpu": 8, "amd.com/gpu": 8})
             try:

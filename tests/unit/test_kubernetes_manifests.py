@@ -211,7 +211,7 @@ def test_a_python_jobs_ranks_fetch_and_check_its_bundle_before_they_start():
     rank = valid(run_children(CONFIG, launch, "ns", UID, bundle_url=url)[-1])
 
     (fetch,) = rank["spec"]["initContainers"]
-    assert fetch["command"] == ["python", "-m", "runtime.codefetch", url, bundle, "/polychip/code"]
+    assert fetch["command"] == ["python", "-m", "runtime.codefetch", url, bundle, "/polychip/code/src"]
     assert fetch["image"] == CONFIG.worker_image
     token = {
         "name": "POLYCHIP_TELEMETRY_TOKEN",

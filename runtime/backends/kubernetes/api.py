@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -111,7 +112,7 @@ class Api:
             )
         except ApiException as exc:
             raise ApiError(exc.status or 0, str(exc.reason)) from None
-        except OSError as exc:  # urllib3's connection errors are OSErrors
+        except (OSError, urllib3.exceptions.HTTPError) as exc:  # refused, reset, timed out, retries spent
             raise ApiError(0, f"the apiserver could not be reached: {exc}") from None
         response = answer.response
         if not 200 <= answer.status < 300:
@@ -154,9 +155,12 @@ class Api:
         )
         return patched
 
-    def delete(self, kind: str, namespace: str | None, name: str) -> bool:
-        """Delete it and, through the garbage collector, what it owns; False when it was already gone."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    def delete(self, kind: str, namespace: str | None, name: str, *, grace_period_s: int | None = None) -> bool:
+        """Delete it and, through the garbage collector, what it owns; False when it was already gone.
+        ``grace_period_s=0`` removes a pod at once, without its kubelet's word (``kubectl delete --force``)."""
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
         try:
             self.request("DELETE", object_path(kind, namespace, name), body=body)
         except ApiError as exc:
@@ -196,6 +200,8 @@ class Api:
                 for line in lines:
                     if line.strip():
                         yield json.loads(line)
+        except (OSError, urllib3.exceptions.HTTPError) as exc:
+            raise ApiError(0, f"the watch broke: {exc}") from None
         finally:
             response.release_conn()
 
@@ -209,6 +215,8 @@ class Api:
         )
         try:
             data: bytes = response.data
+        except (OSError, urllib3.exceptions.HTTPError) as exc:
+            raise ApiError(0, f"the log could not be read: {exc}") from None
         finally:
             response.release_conn()
         return data.decode("utf-8", errors="replace")

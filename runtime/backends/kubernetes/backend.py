@@ -23,6 +23,7 @@ Handles: ``{"backend": "kubernetes", "namespace", "run", "world_size", "containe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -34,7 +35,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from runtime.backends.base import Failure, LaunchRequest, LogLine, LogPage, Observation, Phase, RankState
+from runtime.backends.base import (
+    BackendUnavailable,
+    Failure,
+    LaunchRequest,
+    LogLine,
+    LogPage,
+    Observation,
+    Phase,
+    RankState,
+)
 from runtime.backends.kubernetes.api import Api, ApiError
 from runtime.backends.kubernetes.inventory import ClusterInventory, read_inventory
 from runtime.backends.kubernetes.manifests import (
@@ -56,6 +66,8 @@ from runtime.comm.link import LinkEmulation
 from runtime.inventory import Pool
 
 CONTROL_KEY = "control.json"
+TENANT_SYNC_S = 300.0  # a tenant synced this recently, to the same objects, is not read again
+RBAC_SETTLE_S = 10.0  # how long a 403 right after a namespace's RoleBinding is made may last
 FINAL_FILE = "final.json"
 # Service names are DNS-1035 labels (63 at most), and pods add "-store" or "-r<rank>" to the run's name.
 _RUN_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,48}[a-z0-9])?$")
@@ -63,6 +75,9 @@ _RUN_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,48}[a-z0-9])?$")
 
 class KubernetesBackend:
     name = "kubernetes"
+    # How long a preempted run gets to checkpoint and stop before it is torn down: the kubelet writes the
+    # stop into the ranks' ConfigMap volume within its sync period and cache TTL (up to about 2 minutes).
+    stop_window_s = 150.0
 
     def __init__(
         self,
@@ -72,13 +87,15 @@ class KubernetesBackend:
         *,
         telemetry_base: str | None = None,
         collective_timeout_s: float = 30.0,
-        teardown_wait_s: float = 60.0,
+        force_after_s: float = 45.0,
         watch: bool = True,
         watch_timeout_s: int = 60,
     ) -> None:
         """``telemetry_base``: the control plane's address as the ranks reach it inside the cluster (the
         web Service, ``http://polychip-web.<namespace>.svc:8000``), which replaces the scheme and host
-        of the request's public telemetry URL; None keeps that URL. ``runs_dir``: where each run's output
+        of the request's public telemetry URL; None keeps that URL. ``force_after_s``: how long teardown
+        waits for the run's pods to end before it force-deletes those left (pods of a node that died stay
+        terminating for ever: no kubelet confirms their end). ``runs_dir``: where each run's output
         and last observation are kept at teardown. ``watch``: keep a reconciler cache
         per namespace (a thread each); off, every ``observe`` lists."""
         self.api = api
@@ -86,26 +103,56 @@ class KubernetesBackend:
         self.runs_dir = Path(runs_dir)
         self.telemetry_base = telemetry_base
         self.collective_timeout_s = collective_timeout_s
-        self.teardown_wait_s = teardown_wait_s
+        self.force_after_s = force_after_s
         self.watch = watch
         self.watch_timeout_s = watch_timeout_s
         self._watches: dict[str, PodWatch] = {}
+        self._tenants: dict[str, tuple[str, float]] = {}  # slug -> (what was synced, when)
         self._watches_lock = threading.Lock()
 
     # -- tenants -----------------------------------------------------------------------------------
 
     def sync_tenant(self, tenant_slug: str, device_limits: Mapping[str, int]) -> str:
-        """Make the tenant's namespace and its guards what they should be; returns the namespace."""
+        """Make the tenant's namespace and its guards what they should be; returns the namespace.
+
+        Each object is read, made when missing, and patched only in the fields Polychip sets when they
+        differ (others' additions, such as an image pull secret on the service account or a Pod
+        Security label on the namespace, stay). The same sync within ``TENANT_SYNC_S`` is skipped."""
         objects = tenant_objects(self.config, tenant_slug, device_limits)
-        for obj in objects:
-            try:
-                self.api.create(obj)
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
-                # Already there: make it ours again (a quota changed, someone edited it).
-                self.api.replace(obj)
-        return str(objects[0]["metadata"]["name"])
+        namespace = str(objects[0]["metadata"]["name"])
+        digest = json.dumps(objects, sort_keys=True)
+        with self._watches_lock:
+            done = self._tenants.get(tenant_slug)
+        if done is not None and done[0] == digest and time.monotonic() - done[1] < TENANT_SYNC_S:
+            return namespace
+        try:
+            for obj in objects:
+                self._ensure(obj)
+        except ApiError as exc:
+            if _transient(exc):
+                raise BackendUnavailable(f"the cluster's apiserver: {exc}") from None
+            raise
+        with self._watches_lock:
+            self._tenants[tenant_slug] = (digest, time.monotonic())
+        return namespace
+
+    def _ensure(self, obj: Mapping[str, Any]) -> None:
+        meta = obj["metadata"]
+        current = self.api.get(obj["kind"], meta.get("namespace"), meta["name"])
+        if current is None:
+            deadline = time.monotonic() + RBAC_SETTLE_S
+            while True:
+                try:
+                    self.api.create(obj)
+                    return
+                except ApiError as exc:
+                    # Right after the namespace's RoleBinding is made, the authorizer may not know it yet.
+                    if exc.status != 403 or not meta.get("namespace") or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        patch = _patch_towards(obj, current)
+        if patch:
+            self.api.patch(obj["kind"], meta.get("namespace"), meta["name"], patch)
 
     # -- inventory ---------------------------------------------------------------------------------
 
@@ -135,6 +182,27 @@ class KubernetesBackend:
             files=lambda rank: {"control_file": f"{CONFIG_DIR}/{CONTROL_KEY}", "code_dir": code_dir},
         )
         parent = run_parent(request, namespace, configs)
+        bundle_url = self._telemetry_url(request.bundle_url)
+        try:
+            self._make_run(request, namespace, parent, bundle_url)
+        except ApiError as exc:
+            # Nothing half-made stays behind: the parent's delete takes whatever children were made.
+            with contextlib.suppress(ApiError):
+                self.api.delete("ConfigMap", namespace, run)
+            if _transient(exc):
+                raise BackendUnavailable(f"the cluster's apiserver: {exc}") from None
+            raise
+        return {
+            "backend": self.name,
+            "namespace": namespace,
+            "run": run,
+            "world_size": len(request.placements),
+            "container": request.workload.kind == "container",
+        }
+
+    def _make_run(self, request: LaunchRequest, namespace: str, parent: dict[str, Any], bundle_url: str | None) -> None:
+        """The parent, then its children with its uid; what an earlier call made (409) is kept."""
+        run = request.job_id
         try:
             made = self.api.create(parent)
         except ApiError as exc:
@@ -144,20 +212,12 @@ class KubernetesBackend:
             if found is None:  # deleted between the two calls: a teardown won
                 raise RuntimeError(f"run {run} was torn down while it was being provisioned") from None
             made = found
-        bundle_url = self._telemetry_url(request.bundle_url)
         for child in run_children(self.config, request, namespace, made["metadata"]["uid"], bundle_url=bundle_url):
             try:
                 self.api.create(child)
             except ApiError as exc:
                 if exc.status != 409:  # made by an earlier call for the same run
                     raise
-        return {
-            "backend": self.name,
-            "namespace": namespace,
-            "run": run,
-            "world_size": len(request.placements),
-            "container": request.workload.kind == "container",
-        }
 
     def _telemetry_url(self, url: str | None) -> str | None:
         if url is None or not self.telemetry_base:
@@ -223,15 +283,25 @@ class KubernetesBackend:
                 )
             self._keep_final(run, last)
             self.api.delete("ConfigMap", namespace, run)
-        deadline = time.monotonic() + self.teardown_wait_s
-        while pods and time.monotonic() < deadline:
-            time.sleep(0.2)
-            pods = self.api.list("Pod", namespace, labels=f"{LABEL_RUN}={run}").items
+        pods = self._wait_gone(namespace, run, pods, self.force_after_s)
+        if pods:
+            # What is left runs nowhere any more, or will be killed by its kubelet all the same.
+            for pod in pods:
+                self.api.delete("Pod", namespace, pod["metadata"]["name"], grace_period_s=0)
+            pods = self._wait_gone(namespace, run, pods, 10.0)
         if pods:
             names = ", ".join(sorted(p["metadata"]["name"] for p in pods))
-            raise RuntimeError(
-                f"run {run}: pods still terminating {self.teardown_wait_s:.0f} s after the delete: {names}"
-            )
+            raise RuntimeError(f"run {run}: pods still there after a forced delete: {names}")
+
+    def _wait_gone(self, namespace: str, run: str, pods: list[dict[str, Any]], wait_s: float) -> list[dict[str, Any]]:
+        """The run's pods still there after waiting up to ``wait_s`` for none (polled with a backoff)."""
+        deadline = time.monotonic() + wait_s
+        pause = 0.1
+        while pods and time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+            pods = self.api.list("Pod", namespace, labels=f"{LABEL_RUN}={run}").items
+        return pods
 
     def _keep_logs(self, run: str, namespace: str, pods: list[dict[str, Any]]) -> None:
         folder = self.runs_dir / run
@@ -335,6 +405,38 @@ class KubernetesBackend:
     def close(self) -> None:
         for watch in self._watches.values():
             watch.stop()
+
+
+def _transient(exc: ApiError) -> bool:
+    """Not reached, overloaded, or failing on its side: worth trying again later."""
+    return exc.status == 0 or exc.status == 429 or exc.status >= 500
+
+
+def _patch_towards(desired: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge patch that makes ``current`` hold ``desired``'s fields (the labels given, and each other
+    top-level field whole); empty when it already does. Fields only ``current`` has are left alone."""
+    patch: dict[str, Any] = {}
+    labels = {
+        key: value
+        for key, value in (desired.get("metadata", {}).get("labels") or {}).items()
+        if (current.get("metadata", {}).get("labels") or {}).get(key) != value
+    }
+    if labels:
+        patch["metadata"] = {"labels": labels}
+    for key, value in desired.items():
+        if key in ("apiVersion", "kind", "metadata", "status") or current.get(key) == value:
+            continue
+        patch[key] = _replacing(value, current.get(key))
+    return patch
+
+
+def _replacing(desired: Any, current: Any) -> Any:
+    """``desired`` as a merge patch over ``current``: keys only ``current`` has are removed (null)."""
+    if isinstance(desired, dict) and isinstance(current, dict):
+        merged = {key: _replacing(value, current.get(key)) for key, value in desired.items()}
+        merged.update({key: None for key in current if key not in desired})
+        return merged
+    return desired
 
 
 def _complete(pods: list[dict[str, Any]], world_size: int) -> bool:

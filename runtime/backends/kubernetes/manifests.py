@@ -49,7 +49,8 @@ LABEL_TENANT = "polychip.io/tenant"
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
 MANAGER = "polychip"
 CONFIG_DIR = "/etc/polychip/run"
-CODE_DIR = "/polychip/code"
+CODE_VOLUME = "/polychip/code"  # the pod's emptyDir (its own folder belongs to root)
+CODE_DIR = f"{CODE_VOLUME}/src"  # made and filled by the init container, as the rank's user
 RUNNER_ACCOUNT = "polychip-runner"
 CONTROL_PLANE_ACCOUNT = "polychip-control-plane"
 TENANT_RUNS_ROLE = "polychip-tenant-runs"  # deploy/kubernetes/base/rbac.yaml
@@ -268,11 +269,11 @@ def _with_code(config: ClusterConfig, pod: dict[str, Any], bundle: str, url: str
             "command": ["python", "-m", "runtime.codefetch", url, bundle, CODE_DIR],
             "env": [token, {"name": "PYTHONUNBUFFERED", "value": "1"}],
             "resources": {"requests": resources, "limits": resources},
-            "volumeMounts": [{"name": "code", "mountPath": CODE_DIR}],
+            "volumeMounts": [{"name": "code", "mountPath": CODE_VOLUME}],
             "securityContext": _container_security(),
         }
     ]
-    rank["volumeMounts"].append({"name": "code", "mountPath": CODE_DIR, "readOnly": True})
+    rank["volumeMounts"].append({"name": "code", "mountPath": CODE_VOLUME, "readOnly": True})
     spec["volumes"].append({"name": "code", "emptyDir": {"sizeLimit": "2Gi"}})
 
 

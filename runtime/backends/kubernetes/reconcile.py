@@ -76,6 +76,8 @@ class PodWatch:
         """Replace the cache by a fresh list and remember its version."""
         listing = self.api.list("Pod", self.namespace, labels=MANAGED_PODS)
         pods = {pod["metadata"]["name"]: pod for pod in listing.items}
+        if self._stopping.is_set():
+            return  # a list that ends after stop() must not make a dead cache look current
         with self._lock:
             self._pods = pods
             self._runs = {}
@@ -150,6 +152,7 @@ class PodWatch:
                 log.exception("pod watch in %s failed; listing again", self.namespace)
                 self.synced.clear()
                 self._sleep(self.backoff_s)
+        self.synced.clear()  # nobody keeps it current any more
 
     def start(self) -> PodWatch:
         if self._thread is None:
