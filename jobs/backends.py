@@ -44,7 +44,8 @@ def _kubernetes_backend() -> Backend:
     from runtime.backends.kubernetes.api import Api, connect
 
     for error in backend_is_configured(None):
-        raise ImproperlyConfigured(f"{error.msg}: {error.hint} ({error.id})")
+        if error.is_serious():
+            raise ImproperlyConfigured(f"{error.msg}: {error.hint} ({error.id})")
     selectors = cluster_settings(load_pool(settings.POLYCHIP_POOL_FILE)).selectors
     config = ClusterConfig(
         worker_image=settings.POLYCHIP_K8S_WORKER_IMAGE,

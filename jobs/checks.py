@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import CheckMessage, Error, Warning, register
 
 from runtime.backends.kubernetes import cluster_settings
 from runtime.inventory import PoolFileError, load_pool
@@ -67,7 +67,7 @@ def local_link_is_valid(app_configs: Any, **kwargs: Any) -> list[Error]:
 
 
 @register()
-def backend_is_configured(app_configs: Any, **kwargs: Any) -> list[Error]:
+def backend_is_configured(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
     """The backend named, and for Kubernetes what it needs: a cluster to reach, an image for the ranks,
     a namespace prefix that makes DNS labels, and pool-file kubernetes sections it can read."""
     backend = settings.POLYCHIP_BACKEND
@@ -81,7 +81,17 @@ def backend_is_configured(app_configs: Any, **kwargs: Any) -> list[Error]:
         ]
     if backend != "kubernetes":
         return []
-    errors = []
+    errors: list[CheckMessage] = []
+    if not settings.POLYCHIP_CHECKPOINT_URL.startswith("s3://"):
+        errors.append(
+            Warning(
+                f"POLYCHIP_CHECKPOINT_URL={settings.POLYCHIP_CHECKPOINT_URL!r} is a folder of the control plane's: "
+                "ranks in pods see it only if every node mounts it at that path",
+                hint="use an S3 store (s3://bucket/prefix) that the tenants' pods can reach, or mount the folder "
+                "on every node; the same holds for the artifacts folder (POLYCHIP_VAR_DIR/artifacts)",
+                id="polychip.W001",
+            )
+        )
     kubeconfig = settings.POLYCHIP_K8S_KUBECONFIG
     if kubeconfig and not Path(kubeconfig).is_file():
         errors.append(

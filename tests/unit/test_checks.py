@@ -102,6 +102,7 @@ def kubernetes_settings(settings, tmp_path, resource="{resource: nvidia.com/gpu}
     settings.POLYCHIP_K8S_WORKER_IMAGE = "registry.example.com/polychip:0.1.0"
     settings.POLYCHIP_K8S_NAMESPACE_PREFIX = "polychip-t-"
     settings.POLYCHIP_POOL_FILE = str(pool)
+    settings.POLYCHIP_CHECKPOINT_URL = "s3://checkpoints/polychip"
 
 
 def test_a_complete_kubernetes_configuration_passes(settings, tmp_path):
@@ -109,6 +110,16 @@ def test_a_complete_kubernetes_configuration_passes(settings, tmp_path):
 
     kubernetes_settings(settings, tmp_path)
     assert backend_is_configured(None) == []
+
+
+def test_a_checkpoint_folder_on_the_control_plane_is_a_warning_on_a_cluster(settings, tmp_path):
+    from jobs.checks import backend_is_configured
+
+    kubernetes_settings(settings, tmp_path)
+    settings.POLYCHIP_CHECKPOINT_URL = "file:///var/lib/polychip/checkpoints"
+    (warning,) = backend_is_configured(None)
+    assert warning.id == "polychip.W001" and not warning.is_serious()
+    assert "every node mounts it" in warning.msg and "s3://" in warning.hint
 
 
 @pytest.mark.parametrize(
