@@ -70,10 +70,10 @@ def stack_down(env: dict[str, str]) -> list[int]:
     return processes_mentioning(str(Path(env["POLYCHIP_VAR_DIR"]) / "runs"))
 
 
-@pytest.fixture(scope="module")
-def stack(django_db_setup: Any, django_db_blocker: Any, stack_var: Path) -> Iterator[str]:
-    port = free_port()
-    env = stack_env(stack_var, port)
+@contextlib.contextmanager
+def running_stack(django_db_blocker: Any, env: dict[str, str], port: int) -> Iterator[str]:
+    """`polychip up` with ``env`` on ``port`` for the block; `polychip down` after, and whatever job
+    process outlived it killed."""
     with django_db_blocker.unblock():
         url = stack_up(env, port)
     try:
@@ -84,6 +84,16 @@ def stack(django_db_setup: Any, django_db_blocker: Any, stack_var: Path) -> Iter
         for pid in stack_down(env):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup: Any, django_db_blocker: Any, stack_var: Path) -> Iterator[str]:
+    port = free_port()
+    env = stack_env(stack_var, port)
+    try:
+        with running_stack(django_db_blocker, env, port) as url:
+            yield url
+    finally:
         logs = Path(env["POLYCHIP_VAR_DIR"]) / "log"
         for log in sorted(logs.glob("*.log")):
             tail = log.read_text(errors="replace")[-3000:]

@@ -8,10 +8,8 @@ answered 429 and test nothing. The JUnit report of each run is kept in var/repor
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack import free_port, stack_down, stack_env, stack_up
+from tests.stack import free_port, running_stack, stack_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -38,14 +36,8 @@ def fuzz_stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator
         "POLYCHIP_RATE_PER_TOKEN": "1000000/min",
         "POLYCHIP_RATE_PER_ADDRESS": "1000000/min",
     }
-    with django_db_blocker.unblock():
-        url = stack_up(env, port)
-    try:
+    with running_stack(django_db_blocker, env, port) as url:
         yield url
-    finally:
-        for pid in stack_down(env):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def _fuzz(url: str, token: str, report: Path) -> subprocess.CompletedProcess[str]:

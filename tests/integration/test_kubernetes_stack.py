@@ -5,7 +5,6 @@ test_recovery.py), with the cluster in place of the host. Nothing here has met a
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from runtime.inventory import load_pool
 from tests.attempts import handle_of, wait_until
 from tests.kubecluster.agent import NodeAgent
 from tests.kubecluster.emulator import RunningCluster
-from tests.stack import free_port, stack_down, stack_env, stack_up
+from tests.stack import free_port, running_stack, stack_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -78,14 +77,8 @@ def stack(django_db_setup: Any, django_db_blocker: Any, stack_var: Path, kube: K
         # The agent runs the pods on this host: they reach the stack where it listens.
         "POLYCHIP_K8S_TELEMETRY_URL": f"http://127.0.0.1:{port}",
     }
-    with django_db_blocker.unblock():
-        url = stack_up(env, port)
-    try:
+    with running_stack(django_db_blocker, env, port) as url:
         yield url
-    finally:
-        for pid in stack_down(env):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def _run(job_id: int) -> str:
