@@ -421,7 +421,7 @@ POLYCHIP_K8S_CONTROL_PLANE_NAMESPACE = os.environ.get("POLYCHIP_K8S_CONTROL_PLAN
 # Where the ranks send telemetry from inside the cluster: the web Service, which the tenants'
 # NetworkPolicy admits (not the public address behind the Ingress).
 POLYCHIP_K8S_TELEMETRY_URL = os.environ.get(
-    "POLYCHIP_K8S_TELEMETRY_URL", f"http://polychip-web.{POLYCHIP_K8S_CONTROL_PLANE_NAMESPACE}.svc:8000"
+    "POLYCHIP_K8S_TELEMETRY_URL", f"http://polychip-web.{POLYCHIP_K8S_CONTROL_PLANE_NAMESPACE}.svc"
 )
 POLYCHIP_POOL_FILE = os.environ.get("POLYCHIP_POOL_FILE", str(BASE_DIR / "runtime" / "pools" / "demo.yaml"))
 POLYCHIP_RUNS_DIR = Path(os.environ.get("POLYCHIP_RUNS_DIR", VAR_DIR / "runs"))

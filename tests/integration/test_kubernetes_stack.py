@@ -142,6 +142,21 @@ def test_a_job_mixing_two_flavors_runs_to_succeeded_in_pods_and_is_metered(api_f
     assert {"ResourceQuota", "LimitRange", "NetworkPolicy", "ServiceAccount", "RoleBinding"} <= kinds
 
 
+def test_the_demo_job_runs_to_succeeded_on_the_cluster(api_for, tenants, pool, kube):
+    from controlplane.cli.server import DEMO_SPEC
+
+    api = api_for(tenants[0].token)
+    job_id = api.post("/api/v1/jobs", DEMO_SPEC).json()["id"]
+    run = _run(job_id)
+
+    job = api.wait_for(job_id, FINAL, timeout_s=240)
+
+    assert job["state"] == "succeeded", (job["failure_reason"], _messages(job_id))
+    assert job["progress"]["steps_done"] == DEMO_SPEC["workload"]["steps"]
+    assert float(job["loss"]["last"]) < 0.6 * float(job["loss"]["first"]), job["loss"]
+    wait_until(lambda: kube.cluster.objects_of_run(run) == [], what="the run's objects gone")
+
+
 def test_a_cancelled_job_leaves_no_pod_behind(api_for, tenants, pool, kube):
     api = api_for(tenants[0].token)
     spec = {

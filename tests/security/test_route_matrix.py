@@ -38,6 +38,7 @@ pytestmark = pytest.mark.django_db
 
 PUBLIC = {
     "healthz": "liveness probe, no data",
+    "readyz": "readiness probe: which part does not answer, no tenant data",
     "login/": "the sign-in page",
     "logout/": "signing out",
     "api/v1/ingest/jobs/<int:job_id>/telemetry": "worker ingest, with its own per-job HMAC token (tested below)",
