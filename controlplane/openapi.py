@@ -111,8 +111,12 @@ class AutoSchema(SpectacularAutoSchema):
     def _error_statuses(self) -> list[int]:
         method = self.method.upper()
         # Open to anyone: the docs and the spec's schema. The ingest is open to the auth machinery but
-        # takes its own token, so its POST can be refused like any other.
-        public = method == "GET" and any(isinstance(p, AllowAny) for p in self.view.get_permissions())
+        # takes its own token (its POST of telemetry, its GET of a job's bundle), so it can be refused.
+        public = (
+            method == "GET"
+            and "/ingest/" not in self.path
+            and any(isinstance(p, AllowAny) for p in self.view.get_permissions())
+        )
         statuses = [400, 405, 429]
         if not public:
             statuses += [401, 403]
