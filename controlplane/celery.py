@@ -12,7 +12,7 @@ import os
 from typing import Any, Final
 
 from celery import Celery
-from celery.signals import beat_init, worker_init
+from celery.signals import beat_init, task_postrun, task_prerun, worker_init
 from django.db.utils import InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerOperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -52,3 +52,21 @@ def _refuse_demo_accounts(**_: Any) -> None:
     except ImproperlyConfigured as refusal:
         # Celery logs and swallows a signal handler's exceptions; SystemExit is not one of them.
         raise SystemExit(str(refusal)) from None
+
+
+@task_prerun.connect
+def _bind_task(sender: Any = None, args: Any = None, **_: Any) -> None:
+    """Each task's log lines carry its name, and the job when the task works on one (its first argument)."""
+    from controlplane import logs
+
+    logs.clear()
+    first = args[0] if args else None
+    job = first if isinstance(first, int) and str(getattr(sender, "name", "")).startswith("jobs.") else None
+    logs.bind(task=getattr(sender, "name", ""), **({"job": job} if job is not None else {}))
+
+
+@task_postrun.connect
+def _unbind_task(**_: Any) -> None:
+    from controlplane import logs
+
+    logs.clear()

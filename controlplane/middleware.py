@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
+from controlplane import logs
 from controlplane.parsers import unfit_text
 
 
@@ -28,3 +31,24 @@ class RejectUnfitQueryStrings:
                     return JsonResponse({"error": {"code": "invalid", "field": field, "message": message}}, status=400)
                 return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")
         return self.get_response(request)
+
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+class RequestContextMiddleware:
+    """Binds each request's id (its ``X-Request-ID`` when it is a sane one, else a new one) for its log
+    lines, Django's own line for a 4xx or 5xx answer included, and answers it in the same header, so that a
+    client's report and the server's lines meet. Each request starts from an empty context."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        given = request.headers.get("X-Request-ID", "")
+        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        logs.clear()
+        logs.bind(request_id=request_id)
+        response = self.get_response(request)
+        response["X-Request-ID"] = request_id
+        return response

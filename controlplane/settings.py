@@ -17,6 +17,7 @@ from pathlib import Path
 import dj_database_url
 import django_stubs_ext
 
+from controlplane import logs
 from controlplane.body_limit import UPLOAD_FRAMING_BYTES
 
 # Django's generic classes take type arguments at runtime as they do for the type checker:
@@ -140,6 +141,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: every line logged for a request carries its id, Django's own answer line included.
+    "controlplane.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -468,11 +471,10 @@ POLYCHIP_PLACEMENT_POLICY = os.environ.get("POLYCHIP_PLACEMENT_POLICY", "aware")
 # How often the portal's event relay looks for new job events to push.
 POLYCHIP_PUSH_POLL_S = float(os.environ.get("POLYCHIP_PUSH_POLL_S", "0.05"))
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("POLYCHIP_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+# JSON lines from every process, with the request, tenant, job and attempt bound (controlplane/logs.py);
+# POLYCHIP_LOG_FORMAT=text for a terminal. Celery leaves the root logger to these settings.
+POLYCHIP_LOG_LEVEL = os.environ.get("POLYCHIP_LOG_LEVEL", "INFO").upper()
+POLYCHIP_LOG_FORMAT = os.environ.get("POLYCHIP_LOG_FORMAT", "json")
+LOGGING = logs.logging_config(POLYCHIP_LOG_LEVEL, POLYCHIP_LOG_FORMAT)
+logs.configure_structlog()
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False

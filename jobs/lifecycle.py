@@ -18,6 +18,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from controlplane import logs
 from controlplane.domain import Invalid
 from jobs import bundles, capacity, dispatch, locks, recovery, throughput, transitions
 from jobs.backends import device_limits, get_backend
@@ -179,6 +180,7 @@ def provision_job(job_id: int) -> bool:
     if job is None or not _claim_launch(job, now):
         return False
     number = job.attempt
+    logs.bind(job=job_id, attempt=number)
     if not TrainingJob.objects.filter(pk=job_id, state=JobState.ADMITTED, attempt=number).exists():
         return False  # cancelled or preempted since it was read: nothing to launch
     if JobAttempt.objects.filter(job_id=job_id).filter(untorn_attempts()).exists():

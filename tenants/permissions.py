@@ -22,6 +22,7 @@ from rest_framework.exceptions import NotAuthenticated, PermissionDenied
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
+from controlplane import logs
 from tenants import services
 from tenants.models import ApiToken, Scope
 from tenants.services import ROLE_SCOPES, role_scopes
@@ -117,6 +118,7 @@ def request_tenant_id(request: Request) -> int:
     """The tenant a request acts for: the token's, or the signed-in user's; 401 or 403 when none."""
     access = request_access(request)
     if access.tenant_id is not None:
+        logs.bind(tenant=access.tenant_id)  # the request's log lines say whose it is
         return access.tenant_id
     if request.user is None or not request.user.is_authenticated:
         raise NotAuthenticated("send 'Authorization: Bearer <token>' or sign in to the portal")

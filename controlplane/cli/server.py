@@ -141,8 +141,12 @@ def up(*, host: str, port: int, demo_accounts: bool = False) -> str:
     server = (
         f"uvicorn controlplane.asgi:application --host {host} --port {port} --log-level warning --workers {workers}"
     )
-    worker = "celery -A controlplane worker --loglevel INFO --concurrency 2 --without-mingle --without-gossip"
-    beat = "celery -A controlplane beat --loglevel INFO --schedule"
+    # --quiet: no banner (the logs are JSON lines); the level is POLYCHIP_LOG_LEVEL's (settings.LOGGING).
+    level = os.environ.get("POLYCHIP_LOG_LEVEL", "INFO").upper()
+    worker = (
+        f"celery -A controlplane --quiet worker --loglevel {level} --concurrency 2 --without-mingle --without-gossip"
+    )
+    beat = f"celery -A controlplane --quiet beat --loglevel {level} --schedule"
     _spawn("server", [*python, *server.split()], env)
     _spawn("worker", [*python, *worker.split(), "--hostname", "polychip@%h"], env)
     _spawn("beat", [*python, *beat.split(), str(var_dir() / "celerybeat-schedule")], env)
