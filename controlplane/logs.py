@@ -8,7 +8,8 @@ in a Celery task that works on a job, ``attempt`` where a job's attempt is known
 
 Quiet by default: the level is ``POLYCHIP_LOG_LEVEL`` (INFO), but the lines that say only that things
 went well (Celery's one per received and per succeeded task, the access log of every request, each SQL
-statement) are kept at WARNING. ``POLYCHIP_LOG_FORMAT=text`` gives plain lines for a terminal.
+statement) are kept at WARNING, unless the level is DEBUG. ``POLYCHIP_LOG_FORMAT=text`` gives plain
+lines for a terminal.
 
 Records from any library pass through the same formatter (structlog's ``ProcessorFormatter`` over the
 standard library's logging), so nothing is written twice or in two formats.
@@ -63,7 +64,8 @@ def logging_config(level: str = "INFO", fmt: str = "json") -> dict[str, Any]:
         },
         "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
         "root": {"handlers": ["console"], "level": level},
-        "loggers": {name: {"level": quiet} for name, quiet in QUIET.items()},
+        # At DEBUG everything speaks (what one asks for when following each task).
+        "loggers": {} if level == "DEBUG" else {name: {"level": quiet} for name, quiet in QUIET.items()},
     }
 
 

@@ -647,6 +647,9 @@ class CrashTrials:
             CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
             DJANGO_SETTINGS_MODULE="controlplane.settings",
             PYTHONUNBUFFERED="1",
+            # The harness follows each task by the worker's "received" and "succeeded" lines, which only
+            # the DEBUG level keeps (controlplane.logs quiets them otherwise).
+            POLYCHIP_LOG_LEVEL="DEBUG",
         )
         self.env.pop("PGAPPNAME", None)
         self._names = 0

@@ -60,11 +60,12 @@ def test_the_text_format_is_one_plain_line():
     assert "ready" in line and not line.startswith("{")
 
 
-def test_the_chatty_loggers_are_kept_at_warning_whatever_the_level():
-    config = logs.logging_config("DEBUG")
-    assert config["root"]["level"] == "DEBUG"
+def test_the_chatty_loggers_are_kept_at_warning_unless_one_asks_for_debug():
+    config = logs.logging_config("INFO")
+    assert config["root"]["level"] == "INFO"
     for name in ("celery.app.trace", "celery.worker.strategy", "django.db.backends", "uvicorn.access"):
         assert config["loggers"][name]["level"] == "WARNING", name
+    assert logs.logging_config("DEBUG")["loggers"] == {}
 
 
 def test_a_request_carries_its_id_through_and_answers_it(rf):
