@@ -248,9 +248,7 @@ def _succeeded() -> dict[str, Any]:
 
 def _cache_matches(watch: Any, cluster: RunningCluster) -> bool:
     stored = {p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in cluster.cluster.objects("pods")}
-    with watch._lock:
-        cached = {name: p["metadata"]["resourceVersion"] for name, p in watch._pods.items()}
-    return watch.synced.is_set() and cached == stored
+    return watch.synced.is_set() and watch.versions() == stored
 
 
 def _until(predicate: Any, what: str, timeout_s: float = 60, fail: bool = True) -> bool:

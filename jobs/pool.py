@@ -115,14 +115,14 @@ def sync_cluster(inventory: ClusterInventory) -> dict[str, int]:
         why = inventory.left_out.get(node, "no longer in the cluster")
         states[device_id] = NodeState(Health.CORDONED, f"node {node}: {why}")
     current = dict(Device.objects.filter(device_id__in=states).values_list("device_id", "health"))
-    last_by = _last_health_actors(states)
+    differing = [d for d, state in states.items() if current[d] != state.health.value]
+    last_by = _last_health_actors(differing)  # only where the cluster's word would change something
     order = {DeviceHealth.HEALTHY: 0, DeviceHealth.DEGRADED: 1, DeviceHealth.CORDONED: 2, DeviceHealth.FAILED: 3}
     changes: dict[tuple[str, str], list[str]] = {}
-    for device_id, state in states.items():
+    for device_id in differing:
+        state = states[device_id]
         now, wanted = DeviceHealth(current[device_id]), DeviceHealth(state.health.value)
-        ours = str(last_by.get(device_id, "")).startswith(CLUSTER)
-        if now == wanted:
-            continue
+        ours = last_by.get(device_id, "").startswith(CLUSTER)
         if ours or (now in SCHEDULABLE and order[wanted] > order[now]):
             why = f"{CLUSTER}: {state.reason}" if state.reason else f"{CLUSTER}: ready again"
             changes.setdefault((wanted, why), []).append(device_id)

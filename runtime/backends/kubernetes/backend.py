@@ -50,7 +50,6 @@ from runtime.backends.kubernetes.inventory import ClusterInventory, read_invento
 from runtime.backends.kubernetes.manifests import (
     CODE_DIR,
     CONFIG_DIR,
-    LABEL_RANK,
     LABEL_ROLE,
     LABEL_RUN,
     ClusterConfig,
@@ -59,7 +58,7 @@ from runtime.backends.kubernetes.manifests import (
     tenant_namespace,
     tenant_objects,
 )
-from runtime.backends.kubernetes.observe import observation_of
+from runtime.backends.kubernetes.observe import observation_of, rank_of
 from runtime.backends.kubernetes.reconcile import PodWatch
 from runtime.backends.launch import check_request, worker_configs
 from runtime.comm.link import LinkEmulation
@@ -92,7 +91,7 @@ class KubernetesBackend:
         watch_timeout_s: int = 60,
     ) -> None:
         """``telemetry_base``: the control plane's address as the ranks reach it inside the cluster (the
-        web Service, ``http://polychip-web.<namespace>.svc:8000``), which replaces the scheme and host
+        web Service, ``http://polychip-web.<namespace>.svc``), which replaces the scheme and host
         of the request's public telemetry URL; None keeps that URL. ``force_after_s``: how long teardown
         waits for the run's pods to end before it force-deletes those left (pods of a node that died stay
         terminating for ever: no kubelet confirms their end). ``runs_dir``: where each run's output
@@ -108,7 +107,7 @@ class KubernetesBackend:
         self.watch_timeout_s = watch_timeout_s
         self._watches: dict[str, PodWatch] = {}
         self._tenants: dict[str, tuple[str, float]] = {}  # slug -> (what was synced, when)
-        self._watches_lock = threading.Lock()
+        self._lock = threading.Lock()
 
     # -- tenants -----------------------------------------------------------------------------------
 
@@ -121,7 +120,7 @@ class KubernetesBackend:
         objects = tenant_objects(self.config, tenant_slug, device_limits)
         namespace = str(objects[0]["metadata"]["name"])
         digest = json.dumps(objects, sort_keys=True)
-        with self._watches_lock:
+        with self._lock:
             done = self._tenants.get(tenant_slug)
         if done is not None and done[0] == digest and time.monotonic() - done[1] < TENANT_SYNC_S:
             return namespace
@@ -132,7 +131,7 @@ class KubernetesBackend:
             if _transient(exc):
                 raise BackendUnavailable(f"the cluster's apiserver: {exc}") from None
             raise
-        with self._watches_lock:
+        with self._lock:
             self._tenants[tenant_slug] = (digest, time.monotonic())
         return namespace
 
@@ -229,7 +228,7 @@ class KubernetesBackend:
     # -- observe -----------------------------------------------------------------------------------
 
     def watch_for(self, namespace: str) -> PodWatch:
-        with self._watches_lock:
+        with self._lock:
             found = self._watches.get(namespace)
             if found is None:
                 found = PodWatch(self.api, namespace, watch_timeout_s=self.watch_timeout_s)
@@ -244,7 +243,7 @@ class KubernetesBackend:
         parent_exists = True
         if pods is None or not _complete(pods, world_size):
             # Not in the cache: made a moment ago, or really gone. A fresh read decides.
-            pods = self.api.list("Pod", namespace, labels=f"{LABEL_RUN}={run}").items
+            pods = self._run_pods(namespace, run)
             parent_exists = self.api.get("ConfigMap", namespace, run) is not None
             if not parent_exists and (kept := self._final(run)) is not None:
                 return kept
@@ -269,7 +268,7 @@ class KubernetesBackend:
 
     def teardown(self, handle: dict[str, Any]) -> None:
         namespace, run, world_size = self._parts(handle)
-        pods = self.api.list("Pod", namespace, labels=f"{LABEL_RUN}={run}").items
+        pods = self._run_pods(namespace, run)
         parent_exists = self.api.get("ConfigMap", namespace, run) is not None
         if parent_exists:
             self._keep_logs(run, namespace, pods)
@@ -293,6 +292,9 @@ class KubernetesBackend:
             names = ", ".join(sorted(p["metadata"]["name"] for p in pods))
             raise RuntimeError(f"run {run}: pods still there after a forced delete: {names}")
 
+    def _run_pods(self, namespace: str, run: str) -> list[dict[str, Any]]:
+        return self.api.list("Pod", namespace, labels=f"{LABEL_RUN}={run}").items
+
     def _wait_gone(self, namespace: str, run: str, pods: list[dict[str, Any]], wait_s: float) -> list[dict[str, Any]]:
         """The run's pods still there after waiting up to ``wait_s`` for none (polled with a backoff)."""
         deadline = time.monotonic() + wait_s
@@ -300,13 +302,13 @@ class KubernetesBackend:
         while pods and time.monotonic() < deadline:
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
-            pods = self.api.list("Pod", namespace, labels=f"{LABEL_RUN}={run}").items
+            pods = self._run_pods(namespace, run)
         return pods
 
     def _keep_logs(self, run: str, namespace: str, pods: list[dict[str, Any]]) -> None:
         folder = self.runs_dir / run
         for pod in pods:
-            rank = _rank_of(pod)
+            rank = rank_of(pod)
             if rank is None:
                 continue
             try:
@@ -361,7 +363,7 @@ class KubernetesBackend:
         positions = _decode_cursor(since) if isinstance(since, str) else {}
         since_time = float(since) if isinstance(since, int | float) else None
         ranks = [rank] if rank is not None else list(range(world_size))
-        texts = self._log_texts(handle, namespace, run, ranks)
+        texts = self._log_texts(namespace, run, ranks)
         lines: list[LogLine] = []
         ends: dict[int, int] = {}
         for r, text in texts.items():
@@ -379,7 +381,7 @@ class KubernetesBackend:
             cursor[line.rank] = line.number + 1
         return LogPage(tuple(taken), _encode_cursor(cursor), more=len(lines) > limit)
 
-    def _log_texts(self, handle: dict[str, Any], namespace: str, run: str, ranks: list[int]) -> dict[int, str]:
+    def _log_texts(self, namespace: str, run: str, ranks: list[int]) -> dict[int, str]:
         texts: dict[int, str] = {}
         kept = self.runs_dir / run
         for r in ranks:
@@ -443,12 +445,6 @@ def _complete(pods: list[dict[str, Any]], world_size: int) -> bool:
     """Whether the cache holds every pod of the run: its store and each rank."""
     roles = [(p.get("metadata", {}).get("labels") or {}).get(LABEL_ROLE) for p in pods]
     return roles.count("store") == 1 and roles.count("rank") == world_size
-
-
-def _rank_of(pod: dict[str, Any]) -> int | None:
-    labels = pod.get("metadata", {}).get("labels") or {}
-    value = str(labels.get(LABEL_RANK, ""))
-    return int(value) if labels.get(LABEL_ROLE) == "rank" and value.isdigit() else None
 
 
 def _parse_log(rank: int, text: str) -> list[LogLine]:

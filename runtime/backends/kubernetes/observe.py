@@ -89,8 +89,8 @@ def observation_of(
         labels = item.get("metadata", {}).get("labels") or {}
         if labels.get(LABEL_ROLE) == "store":
             store = item
-        elif labels.get(LABEL_ROLE) == "rank" and str(labels.get(LABEL_RANK, "")).isdigit():
-            by_rank[int(labels[LABEL_RANK])] = item
+        elif (rank := rank_of(item)) is not None:
+            by_rank[rank] = item
 
     ranks: list[RankState] = []
     failures: list[Failure] = []
@@ -173,6 +173,13 @@ def observation_of(
     if pending:
         return Observation(phase=Phase.PENDING, ranks=tuple(ranks), reason=", ".join(pending))
     return Observation(phase=Phase.RUNNING, ranks=tuple(ranks))
+
+
+def rank_of(pod: Mapping[str, Any]) -> int | None:
+    """The rank a pod runs, from its labels; None for the store or anything else."""
+    labels = pod.get("metadata", {}).get("labels") or {}
+    value = str(labels.get(LABEL_RANK, ""))
+    return int(value) if labels.get(LABEL_ROLE) == "rank" and value.isdigit() else None
 
 
 def _failed_init(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:

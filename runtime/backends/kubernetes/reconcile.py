@@ -66,6 +66,11 @@ class PodWatch:
         """Lists after the first: each a recovery from a lost or expired watch."""
         return max(0, self.lists - 1)
 
+    def versions(self) -> dict[str, str]:
+        """Each cached pod's resourceVersion, by name: what to compare with the cluster's."""
+        with self._lock:
+            return {name: str(pod["metadata"].get("resourceVersion", "")) for name, pod in self._pods.items()}
+
     def pod_count(self) -> int:
         with self._lock:
             return len(self._pods)
