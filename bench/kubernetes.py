@@ -196,7 +196,7 @@ def reconcile_and_teardown(passes: int) -> dict[str, Any]:
         backend = KubernetesBackend(
             Api(connect(str(cluster.kubeconfig))), CONFIG, Path(scratch) / "runs", force_after_s=30
         )
-        backend.sync_tenant("bench", {r: 10_000 for r in CONFIG.resources.values()})
+        backend.sync_tenant("bench", dict.fromkeys(CONFIG.resources, 10_000))
         handles = [backend.provision(_request(f"run-{n}", ranks)) for n in range(runs)]
         for pod in cluster.cluster.objects("pods"):
             cluster.cluster.set_status(pod["metadata"]["namespace"], pod["metadata"]["name"], _running())

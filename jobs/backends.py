@@ -62,19 +62,16 @@ def _kubernetes_backend() -> Backend:
     )
 
 
-def device_limits(tenant_id: int, resources: Mapping[str, str], capacity: Mapping[str, int]) -> dict[str, int]:
-    """The most devices of each extended resource a tenant's pods may ask for at once (its namespace's
-    ResourceQuota), summed over the flavors that share the resource: per flavor, its nominal quota and
-    what it may borrow, within the flavor's pool; a flavor without a quota of its own, the whole pool
-    (as admission lets it, within the tenant's NAU)."""
+def device_limits(tenant_id: int, capacity: Mapping[str, int]) -> dict[str, int]:
+    """The most devices of each flavor (of ``capacity``: the pool's, per flavor) a tenant may hold at
+    once: its nominal quota and what it may borrow, within the flavor's pool; a flavor without a quota
+    of its own, the whole pool (as admission lets it, within the tenant's NAU)."""
     quotas = {q.resource: q for q in tenants.list_quotas(tenant_id)}
     limits: dict[str, int] = {}
-    for flavor, resource in sorted(resources.items()):
-        pool = capacity.get(flavor, 0)
+    for flavor, pool in sorted(capacity.items()):
         quota = quotas.get(flavor)
         if quota is None or quota.borrowing_limit is None:
-            most = pool
+            limits[flavor] = pool
         else:
-            most = min(pool, int(quota.nominal + quota.borrowing_limit))
-        limits[resource] = limits.get(resource, 0) + most
+            limits[flavor] = min(pool, int(quota.nominal + quota.borrowing_limit))
     return limits

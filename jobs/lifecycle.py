@@ -139,8 +139,7 @@ def _prepare_tenant(backend: Backend, job: TrainingJob) -> None:
     sync_tenant = getattr(backend, "sync_tenant", None)
     if sync_tenant is None:
         return
-    resources = backend.config.resources  # type: ignore[attr-defined]
-    sync_tenant(job.tenant.slug, device_limits(job.tenant_id, resources, devices_per_flavor()))
+    sync_tenant(job.tenant.slug, device_limits(job.tenant_id, devices_per_flavor()))
 
 
 def _bundle_file(job: TrainingJob) -> Path:

@@ -75,7 +75,7 @@ def kube(tmp_path: Path) -> Iterator[Kube]:
             backend = KubernetesBackend(
                 Api(connect(str(cluster.kubeconfig))), config, tmp_path / "runs", watch_timeout_s=5, force_after_s=3
             )
-            backend.sync_tenant("acme", {"nvidia.com/gpu": 8, "amd.com/gpu": 8})
+            backend.sync_tenant("acme", {"h100-sxm": 8, "mi300x": 8})
             try:
                 yield Kube(cluster, agent, backend, tmp_path, sink)
             finally:
@@ -244,7 +244,7 @@ def test_tenant_sync_is_idempotent_and_puts_back_what_was_changed(kube: Kube) ->
         "ResourceQuota", "polychip-t-acme", "polychip-devices", {"spec": {"hard": {"requests.nvidia.com/gpu": "999"}}}
     )
 
-    assert kube.backend.sync_tenant("acme", {"nvidia.com/gpu": 4, "amd.com/gpu": 8}) == "polychip-t-acme"
+    assert kube.backend.sync_tenant("acme", {"h100-sxm": 4, "mi300x": 8, "tpu-v4": 2}) == "polychip-t-acme"
 
     quota = api.get("ResourceQuota", "polychip-t-acme", "polychip-devices")
     assert quota is not None

@@ -111,12 +111,18 @@ class KubernetesBackend:
 
     # -- tenants -----------------------------------------------------------------------------------
 
-    def sync_tenant(self, tenant_slug: str, device_limits: Mapping[str, int]) -> str:
+    def sync_tenant(self, tenant_slug: str, flavor_limits: Mapping[str, int]) -> str:
         """Make the tenant's namespace and its guards what they should be; returns the namespace.
+        ``flavor_limits``: the most devices of each flavor its pods may hold at once, summed here over the
+        flavors that share an extended resource (its ResourceQuota); flavors the cluster lacks are left out.
 
         Each object is read, made when missing, and patched only in the fields Polychip sets when they
         differ (others' additions, such as an image pull secret on the service account or a Pod
         Security label on the namespace, stay). The same sync within ``TENANT_SYNC_S`` is skipped."""
+        device_limits: dict[str, int] = {}
+        for flavor, most in sorted(flavor_limits.items()):
+            if (resource := self.config.resources.get(flavor)) is not None:
+                device_limits[resource] = device_limits.get(resource, 0) + most
         objects = tenant_objects(self.config, tenant_slug, device_limits)
         namespace = str(objects[0]["metadata"]["name"])
         digest = json.dumps(objects, sort_keys=True)
