@@ -20,7 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, Min, Q, QuerySet, Sum
 from django.utils import timezone
 
 from billing import crashpoints, price_books, rating
@@ -361,6 +361,12 @@ def relay_usage(*, batch: int = RELAY_BATCH, max_batches: int | None = None) -> 
 
 def outbox_backlog() -> int:
     return UsageOutbox.objects.count()
+
+
+def outbox_state() -> tuple[int, datetime | None]:
+    """The usage records waiting for the relay, and when the oldest of them was written (/metrics)."""
+    backlog = UsageOutbox.objects.aggregate(rows=Count("id"), oldest=Min("created_at"))
+    return backlog["rows"], backlog["oldest"]
 
 
 # --- prices ----------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import os
 from typing import Any, Final
 
 from celery import Celery
-from celery.signals import beat_init, task_postrun, task_prerun, worker_init
+from celery.signals import beat_init, task_postrun, task_prerun, worker_init, worker_process_shutdown, worker_shutdown
 from django.db.utils import InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerOperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -54,10 +54,28 @@ def _refuse_demo_accounts(**_: Any) -> None:
         raise SystemExit(str(refusal)) from None
 
 
+@worker_init.connect
+def _count_tasks(**_: Any) -> None:
+    """Task counts and runtimes for /metrics, from workers only (controlplane.taskstats)."""
+    from controlplane import taskstats
+
+    taskstats.connect_signals()
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _flush_task_counts(**_: Any) -> None:
+    from controlplane import taskstats
+
+    taskstats.on_shutdown()
+
+
 @task_prerun.connect
-def _bind_task(sender: Any = None, args: Any = None, **_: Any) -> None:
+def _bind_task(sender: Any = None, task_id: str = "", args: Any = None, **_: Any) -> None:
     """Each task's log lines carry its name, and the job when the task works on one (its first argument)."""
-    from controlplane import logs
+    from controlplane import logs, taskstats
+
+    taskstats.on_prerun(task_id)
 
     logs.clear()
     first = args[0] if args else None
@@ -66,7 +84,8 @@ def _bind_task(sender: Any = None, args: Any = None, **_: Any) -> None:
 
 
 @task_postrun.connect
-def _unbind_task(**_: Any) -> None:
-    from controlplane import logs
+def _unbind_task(sender: Any = None, task_id: str = "", state: str | None = None, **_: Any) -> None:
+    from controlplane import logs, taskstats
 
+    taskstats.on_postrun(sender, task_id, state)
     logs.clear()

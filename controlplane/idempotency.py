@@ -9,6 +9,10 @@ request without the header, or from nobody the API would let in, passes untouche
 
 The request's identity is its method, its path with the query, and its body: JSON by its meaning
 (keys in any order), anything else by its bytes' sha256.
+
+A view that answered without changing anything (a dry run) marks its answer with ``changed_nothing``:
+the key is then released as after a refusal, so that a dry run never uses up the key that the real
+request will carry.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import tempfile
 from collections.abc import Callable
+from typing import TypeVar
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 
@@ -25,6 +30,16 @@ HEADER = "Idempotency-Key"
 _CHANGING = ("POST", "PUT", "PATCH", "DELETE")
 _CHUNK = 1024 * 1024
 _SPOOL_IN_MEMORY = 4 * 1024 * 1024
+
+
+_UNCHANGED = "polychip_changed_nothing"
+_Response = TypeVar("_Response", bound=HttpResponseBase)
+
+
+def changed_nothing(response: _Response) -> _Response:
+    """Mark ``response`` as the answer of a request that changed nothing: its Idempotency-Key is not kept."""
+    setattr(response, _UNCHANGED, True)
+    return response
 
 
 def _refusal(status: int, code: str, message: str) -> JsonResponse:
@@ -116,10 +131,11 @@ class IdempotencyKeyMiddleware:
         except BaseException:
             tenants.release_idempotency_key(claim.row_id)
             raise
-        if response.status_code >= 400 or response.streaming or not isinstance(response, HttpResponse):
+        unchanged = getattr(response, _UNCHANGED, False)
+        if unchanged or response.status_code >= 400 or response.streaming or not isinstance(response, HttpResponse):
             # A refusal changed nothing, and may not be the answer later (the bundle it lacked is
             # uploaded since, the server is back): not kept, so a retry runs again (Stripe keeps no
-            # validation failure either).
+            # validation failure either). Nor is a dry run's answer: the key stays free for the real request.
             tenants.release_idempotency_key(claim.row_id)
             return response
         headers = {name: response[name] for name in tenants.IDEMPOTENCY_KEPT_HEADERS if response.has_header(name)}

@@ -134,6 +134,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and Redoc served from here, not from a CDN
     "channels",
     "axes",
+    "controlplane",
     "tenants",
     "billing",
     "jobs",
@@ -478,3 +479,7 @@ POLYCHIP_LOG_FORMAT = os.environ.get("POLYCHIP_LOG_FORMAT", "json")
 LOGGING = logs.logging_config(POLYCHIP_LOG_LEVEL, POLYCHIP_LOG_FORMAT)
 logs.configure_structlog()
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# /metrics answers operators' sessions, and scrapers that send this token as "Authorization: Bearer ...";
+# empty (the default): operators only.
+POLYCHIP_METRICS_TOKEN = os.environ.get("POLYCHIP_METRICS_TOKEN", "")

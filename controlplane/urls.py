@@ -5,7 +5,7 @@ from django.urls import include, path, re_path
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
-from controlplane import health
+from controlplane import health, metrics
 
 
 @csrf_exempt  # a POST to a missing route is a 404, not a CSRF refusal
@@ -18,6 +18,7 @@ def api_not_found(request: HttpRequest) -> JsonResponse:
 urlpatterns = [
     path("healthz", health.healthz),
     path("readyz", health.readyz),
+    path("metrics", metrics.metrics_view),
     path("admin/", admin.site.urls),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/v1/docs", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),

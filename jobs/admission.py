@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -22,11 +23,21 @@ from django.db.models import F
 from django.utils import timezone
 
 from billing import services as billing
+from controlplane.monitoring import priority_band
 from jobs import dispatch, locks, transitions
 from jobs.metering import end_allocations, open_usage
-from jobs.models import AdmissionLock, AdmissionRequest, Allocation, Device, JobAttempt, JobState, TrainingJob
+from jobs.models import (
+    AdmissionLock,
+    AdmissionRequest,
+    AdmissionWait,
+    Allocation,
+    Device,
+    JobAttempt,
+    JobState,
+    TrainingJob,
+)
 from jobs.snapshot import HOLDING_STATES, load_snapshot
-from runtime.scheduling import NAU, Admission, Preemption, schedule
+from runtime.scheduling import NAU, Admission, PendingJob, Preemption, schedule
 from runtime.scheduling.model import MILLI
 from runtime.scheduling.policies import Policy, get_policy
 
@@ -165,11 +176,35 @@ def _record_waiting(waiting: Iterable[tuple[int, str]]) -> int:
     return len(wanted)
 
 
+# Upper bounds of polychip_admission_wait_seconds' buckets: from a second to a day.
+WAIT_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+
+
+def _count_waits(admitted: Iterable[int], pending: Iterable[PendingJob], now: datetime) -> None:
+    """Add each admitted job's wait since submission to its tenant's and band's histogram (the
+    admission lock is held, so no other cycle adds at the same time)."""
+    by_id = {job.job_id: job for job in pending}
+    waits: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for job_id in admitted:
+        job = by_id.get(job_id)
+        if job is not None:
+            waits[(job.tenant_id, priority_band(job.priority))].append(max(0.0, now.timestamp() - job.submitted_at))
+    for (tenant_id, band), seconds in sorted(waits.items()):
+        row, _ = AdmissionWait.objects.select_for_update().get_or_create(tenant_id=tenant_id, band=band)
+        buckets = list(row.buckets) or [0] * (len(WAIT_BUCKETS) + 1)
+        for wait in seconds:
+            for index, bound in enumerate(WAIT_BUCKETS):
+                buckets[index] += wait <= bound
+            buckets[-1] += 1
+        row.buckets, row.count, row.sum_s = buckets, row.count + len(seconds), row.sum_s + sum(seconds)
+        row.save()
+
+
 def _cycle() -> CycleReport:
     """Decide and apply, inside the caller's transaction and under the admission lock."""
     snapshot_at = timezone.now()
     snapshot = load_snapshot(snapshot_at)
-    over_budget = _over_hard_budget({job.tenant_id for job in snapshot.pending}, snapshot_at)
+    over_budget = over_hard_budget({job.tenant_id for job in snapshot.pending}, snapshot_at)
     if over_budget:
         # A tenant past its hard budget admits nothing new; its queued jobs wait, saying why.
         snapshot = replace(snapshot, pending=[job for job in snapshot.pending if job.tenant_id not in over_budget])
@@ -189,11 +224,13 @@ def _cycle() -> CycleReport:
             victims = ", ".join(str(v) for v in admission.preempts)
             making_room.append((admission.job_id, f"making room: preempting job {victims}"))
     admitted, requeued = _admit_all((a for a in result.admissions if not a.preempts), now)
+    _count_waits(admitted, snapshot.pending, now)
     budget_waiting = [(job_id, over_budget[tenant_id]) for job_id, tenant_id in _queued_of(over_budget)]
     waiting = _record_waiting([*making_room, *budget_waiting, *((w.job_id, w.reason) for w in result.waiting)])
     if making_room:
         dispatch.after_commit(dispatch.ADMIT)
-    AdmissionLock.objects.filter(pk=1).update(last_cycle_at=now)
+    cycle_s = (timezone.now() - snapshot_at).total_seconds()
+    AdmissionLock.objects.filter(pk=1).update(last_cycle_at=now, last_cycle_s=cycle_s)
     return CycleReport(
         admitted=tuple(admitted),
         preempted=tuple(preempted),
@@ -205,7 +242,7 @@ def _cycle() -> CycleReport:
     )
 
 
-def _over_hard_budget(tenant_ids: set[int], now: datetime) -> dict[int, str]:
+def over_hard_budget(tenant_ids: set[int], now: datetime) -> dict[int, str]:
     """Tenants among ``tenant_ids`` whose spend this month reached their hard budget, with the reason."""
     budgeted = billing.tenants_with_budgets(tenant_ids) if tenant_ids else []
     if not budgeted:

@@ -5,9 +5,11 @@ The JSON is plain dicts built from the views (the API is read-through, never a M
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any, BinaryIO
 
 from runtime.scheduling.model import MILLI, NAU
@@ -81,6 +83,128 @@ class AdmissionPreview:
     borrowing: bool
     preempts: tuple[int, ...]
     nau_milli_per_device: dict[str, int]
+
+
+# --- the advisor at submit (jobs.advice) ------------------------------------------------------------
+# Each part answers one question about a spec not yet submitted, with ``reasoning``: plain sentences
+# that say what it found and from which figures, the first of them the part's headline. A part that
+# lacks a figure it needs says which, and its numbers are None, rather than guessed.
+
+
+@dataclass(frozen=True)
+class AdmissionAdvice:
+    """Whether the next admission cycle would start it (``verdict`` ``now``), queue it (``waits``,
+    ``reason`` in the scheduler's words) or never could (``never``); ``devices``: where it starts now
+    (count per flavor), else empty; ``preempts``: how many jobs on borrowed capacity it would evict first
+    (counted, not named: they may be other tenants')."""
+
+    verdict: str
+    reason: str
+    devices: dict[str, int]
+    borrowing: bool
+    preempts: int
+    reasoning: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StartAdvice:
+    """When it would start, from the queue played forward (``runtime.simulate.forecast``): None when it
+    never would or no estimate can be made. ``jobs_ending``: jobs expected to end before it starts;
+    ``jobs_first``: other jobs admitted before it, or in the same cycle."""
+
+    expected_at: datetime | None
+    wait_s: float | None
+    jobs_ending: int
+    jobs_first: int
+    reasoning: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FlavorBatchAdvice:
+    """One flavor the spec allows: the most samples one device takes per micro-step within about 70%
+    of its memory (None: unknown, or not even one), and, in the placement, its devices and the largest
+    micro-batch one of them gets."""
+
+    flavor: str
+    memory_gib: float
+    max_micro_batch: int | None
+    devices: int
+    micro_batch: int | None
+
+
+@dataclass(frozen=True)
+class BatchAdvice:
+    """The global batch on the placement: the memory model's figures (None for code Polychip cannot
+    size), each flavor's cap and share, and the accumulation micro-steps a step takes."""
+
+    global_batch: int
+    placement: str  # which devices the split is for: "now", "estimated start", "idle pool" or "none"
+    param_count: int | None
+    activation_bytes_per_sample: float | None
+    accumulation: int | None
+    flavors: tuple[FlavorBatchAdvice, ...]
+    reasoning: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CheckpointAdvice:
+    """Young's and Daly's intervals (``runtime.recovery.advisor``) from the save cost that jobs of the
+    class measured, the pool's failure rate and the step time on the placement; the spec's own
+    intervals beside them. None where a figure is missing."""
+
+    weights_every: int | None
+    optimizer_every: int | None
+    young_s: float | None
+    daly_s: float | None
+    mtbf_s: float | None
+    save_cost_s: float | None
+    step_time_s: float | None
+    spec_weights_every: int
+    spec_optimizer_every: int
+    reasoning: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CommAdvice:
+    """What ``compression: auto`` would choose on the placement's cross-group link
+    (``runtime.comm.auto.choose_policy``), beside what the spec asks (``requested``)."""
+
+    requested: str
+    compression: str | None
+    density: float | None
+    rank: int | None
+    vendor_groups: int
+    link_gbit: float | None
+    link_source: str
+    reasoning: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CostAdvice:
+    """The NAU the placement charges against the tenant's NAU quota, each allowed flavor's NAU per
+    device for this job's class, and an hour of the placement at the tenant's prices."""
+
+    nau: float | None
+    nau_per_device: dict[str, float]
+    cost_per_hour: Decimal | None
+    currency: str
+    reasoning: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class JobAdvice:
+    admission: AdmissionAdvice
+    start: StartAdvice
+    batch: BatchAdvice
+    checkpoint: CheckpointAdvice
+    comm: CommAdvice
+    cost: CostAdvice
+
+    @property
+    def summary(self) -> tuple[str, ...]:
+        """Each part's headline, in the order a tenant asks: when, where, how, what it costs."""
+        parts = (self.admission, self.start, self.batch, self.checkpoint, self.comm, self.cost)
+        return tuple(part.reasoning[0] for part in parts if part.reasoning)
 
 
 @dataclass(frozen=True)
@@ -707,3 +831,78 @@ def utilization_json(history: UtilizationHistoryView) -> dict[str, Any]:
         for r in history.flavors
     ]
     return {**_span_json(history.span), "flavors": flavors}
+
+
+def job_advice_json(advice: JobAdvice) -> dict[str, Any]:
+    admission, start, batch = advice.admission, advice.start, advice.batch
+    checkpoint, comm, cost = advice.checkpoint, advice.comm, advice.cost
+    return {
+        "summary": list(advice.summary),
+        "admission": {
+            "verdict": admission.verdict,
+            "reason": admission.reason,
+            "devices": admission.devices,
+            "borrowing": admission.borrowing,
+            "preempts": admission.preempts,
+            "reasoning": list(admission.reasoning),
+        },
+        "start": {
+            "expected_at": _time(start.expected_at),
+            "wait_s": None if start.wait_s is None else round(start.wait_s, 1),
+            "jobs_ending": start.jobs_ending,
+            "jobs_first": start.jobs_first,
+            "reasoning": list(start.reasoning),
+        },
+        "batch": {
+            "global_batch": batch.global_batch,
+            "placement": batch.placement,
+            "param_count": batch.param_count,
+            "activation_bytes_per_sample": batch.activation_bytes_per_sample,
+            "accumulation": batch.accumulation,
+            "flavors": [
+                {
+                    "flavor": f.flavor,
+                    "memory_gib": f.memory_gib,
+                    "max_micro_batch": f.max_micro_batch,
+                    "devices": f.devices,
+                    "micro_batch": f.micro_batch,
+                }
+                for f in batch.flavors
+            ],
+            "reasoning": list(batch.reasoning),
+        },
+        "checkpoint": {
+            "weights_every": checkpoint.weights_every,
+            "optimizer_every": checkpoint.optimizer_every,
+            "young_s": _finite(checkpoint.young_s),
+            "daly_s": _finite(checkpoint.daly_s),
+            "mtbf_s": _finite(checkpoint.mtbf_s),
+            "save_cost_s": checkpoint.save_cost_s,
+            "step_time_s": checkpoint.step_time_s,
+            "spec_weights_every": checkpoint.spec_weights_every,
+            "spec_optimizer_every": checkpoint.spec_optimizer_every,
+            "reasoning": list(checkpoint.reasoning),
+        },
+        "comm": {
+            "requested": comm.requested,
+            "auto_would_choose": comm.compression,
+            "density": comm.density,
+            "rank": comm.rank,
+            "vendor_groups": comm.vendor_groups,
+            "link_gbit": comm.link_gbit,
+            "link_source": comm.link_source,
+            "reasoning": list(comm.reasoning),
+        },
+        "cost": {
+            "nau": cost.nau,
+            "nau_per_device": cost.nau_per_device,
+            "cost_per_hour": None if cost.cost_per_hour is None else str(cost.cost_per_hour),
+            "currency": cost.currency,
+            "reasoning": list(cost.reasoning),
+        },
+    }
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON has no infinity: an interval or MTBF without failures on record is null."""
+    return None if value is None or math.isinf(value) else value

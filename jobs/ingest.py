@@ -29,12 +29,15 @@ from jobs.errors import TelemetryRejected
 from jobs.models import Allocation, Device, JobAttempt, JobEvent, JobState, TrainingJob
 from jobs.runs import ingest_token, run_key
 from jobs.telemetry import InvalidTelemetry, TelemetryEvent
+from runtime.recovery.health import FEATURES
 from runtime.throughput import FIGURE_MARGIN
 
 RECENT_LOSSES = 50
 PROGRESS_EVENT_EVERY = timedelta(seconds=1)
 # A device keeps its last hour of health readings (one row a minute): twice what the predictor sees.
 KEEP_READINGS = 60
+ECC_COLUMN = FEATURES.index("ecc_errors")
+PCIE_COLUMN = FEATURES.index("pcie_errors")
 
 Fold = Callable[[TrainingJob, TelemetryEvent], set[str]]
 
@@ -259,7 +262,24 @@ def _store_readings(job: TrainingJob, events: Sequence[TelemetryEvent]) -> None:
         device.health_readings = (list(device.health_readings) + fresh)[-KEEP_READINGS:]
         device.readings_at = timezone.now()
         device.unscored_rows += len(fresh)
-        device.save(update_fields=["health_readings", "readings_at", "unscored_rows"])
+        device.last_reading = list(fresh[-1])
+        device.ecc_errors_total += sum(_count(row, ECC_COLUMN) for row in fresh)
+        device.pcie_errors_total += sum(_count(row, PCIE_COLUMN) for row in fresh)
+        device.save(
+            update_fields=[
+                "health_readings",
+                "readings_at",
+                "unscored_rows",
+                "last_reading",
+                "ecc_errors_total",
+                "pcie_errors_total",
+            ]
+        )
+
+
+def _count(row: Sequence[float], column: int) -> int:
+    """A reading's error count for the minute (a rank reports them as floats; a count is whole, >= 0)."""
+    return max(0, round(row[column])) if len(row) > column else 0
 
 
 def _metric_points(events: Sequence[TelemetryEvent]) -> list[metrics.ReportedPoint]:

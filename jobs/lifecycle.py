@@ -62,7 +62,9 @@ def preview_submit(*, tenant_id: int, spec: JobSpec) -> AdmissionPreview:
     return capacity.preview(tenant_id=tenant_id, spec=spec)
 
 
-def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> TrainingJob:
+def check_submit(*, tenant_id: int, spec: JobSpec) -> None:
+    """Every check submit makes before it stores anything (a dry run makes them too): the workload, a
+    job that could never start (unless it may wait for capacity), the tenant's queue cap."""
     check_workload(tenant_id=tenant_id, spec=spec)
     if not spec.wait_for_capacity and (why := capacity.never_fits(tenant_id=tenant_id, spec=spec)) is not None:
         raise Invalid(why, field="devices", code="never_fits")
@@ -75,6 +77,10 @@ def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> Trainin
             f"the tenant has {waiting} jobs waiting, the most it may have (an operator sets it per tenant); "
             "wait for some to start, or cancel some"
         )
+
+
+def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> TrainingJob:
+    check_submit(tenant_id=tenant_id, spec=spec)
     with transaction.atomic():
         job = TrainingJob.objects.create(
             tenant_id=tenant_id,

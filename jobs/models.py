@@ -75,6 +75,11 @@ class Device(models.Model):
     # Consecutive scores at or above the predictor's threshold: a drain needs a few in a row.
     alert_streak = models.PositiveSmallIntegerField(default=0)
     unscored_rows = models.PositiveIntegerField(default=0)  # readings that arrived since the last score
+    # Corrected errors the device's readings have reported, ever: /metrics exports them as counters
+    # (DCGM's ECC and PCIe replay counters), which the hour of readings above cannot give.
+    last_reading = models.JSONField(default=list, blank=True)  # the newest row of health_readings, for a scrape
+    ecc_errors_total = models.BigIntegerField(default=0)
+    pcie_errors_total = models.BigIntegerField(default=0)
     # Failures of jobs that pointed at this device but were not evidence enough to mark it failed (a
     # lost heartbeat): [{"job", "at" (unix time), "cause"}], the newest last (jobs.recovery).
     suspicions = models.JSONField(default=list, blank=True)
@@ -242,9 +247,28 @@ class AdmissionLock(models.Model):
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     last_cycle_at = models.DateTimeField(null=True, blank=True)
+    last_cycle_s = models.FloatField(null=True, blank=True)  # how long that cycle took, snapshot to writes
 
     def __str__(self) -> str:
         return f"admission lock (last cycle {self.last_cycle_at})"
+
+
+class AdmissionWait(models.Model):
+    """How long admitted jobs had waited since they were submitted, per tenant and priority band, as a
+    cumulative histogram that only grows: each cycle adds the jobs it admitted (under the admission
+    lock, so cycles never race on it). /metrics exports it as polychip_admission_wait_seconds."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    band = models.CharField(max_length=8)  # controlplane.monitoring.priority_band
+    count = models.BigIntegerField(default=0)
+    sum_s = models.FloatField(default=0.0)
+    buckets = models.JSONField(default=list)  # cumulative counts at jobs.monitoring.WAIT_BUCKETS, then +Inf
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "band"], name="admission_wait_per_band")]
+
+    def __str__(self) -> str:
+        return f"admission waits of tenant {self.tenant_id} ({self.band})"
 
 
 class AdmissionRequest(models.Model):

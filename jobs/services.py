@@ -5,7 +5,7 @@ Nothing is implemented here. The layers below, each importing only those beneath
 
     models, errors -> contracts -> bundles -> locks -> transitions -> dispatch -> runs -> artifacts | metrics
     -> pool -> throughput -> metering -> finishing -> snapshot -> admission -> recovery -> health
-    -> ingest -> lifecycle -> queries | logs -> services
+    -> ingest -> lifecycle -> queries | logs -> outlook | advice -> services
 
 Every state change is a claim through the transition table (``jobs.transitions``), locks are taken
 in one module in one order (``jobs.locks``), and tasks are sent by name (``jobs.dispatch``).
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from jobs import lifecycle, pool, queries
+from jobs import advice, lifecycle, pool, queries
 from jobs.admission import CycleReport as CycleReport
 from jobs.admission import admit as admit_queued_jobs
 from jobs.admission import cycle_listeners as cycle_listeners
@@ -32,7 +32,7 @@ from jobs.bundles import get_bundle as get_bundle
 from jobs.bundles import list_bundles as list_bundles
 from jobs.bundles import max_bytes as bundle_max_bytes
 from jobs.bundles import store_bundle as store_bundle
-from jobs.contracts import JobView
+from jobs.contracts import JobAdvice, JobView
 from jobs.errors import InvalidTransition as InvalidTransition
 from jobs.errors import JobNotFound as JobNotFound
 from jobs.errors import TelemetryRejected as TelemetryRejected
@@ -69,6 +69,7 @@ from jobs.metrics import metric_points_after as metric_points_after
 from jobs.metrics import metric_series as metric_series
 from jobs.metrics import record_points as record_metric_points
 from jobs.models import JobState
+from jobs.monitoring import families as metric_families
 from jobs.outlook import start_outlook as start_outlook
 from jobs.pool import known_flavors as known_flavors
 from jobs.pool import pool_fabric as pool_fabric
@@ -122,6 +123,7 @@ __all__ = [
     "TelemetryRejected",
     "UnknownDevices",
     "admit_queued_jobs",
+    "advise_submit",
     "allocated_ms",
     "attempt_logs",
     "bundle_entrypoint",
@@ -135,6 +137,7 @@ __all__ = [
     "device_events",
     "drain_device",
     "drain_node",
+    "dry_run_submit",
     "finish_job",
     "follow_logs",
     "get_bundle",
@@ -153,6 +156,7 @@ __all__ = [
     "list_events",
     "list_jobs",
     "list_throughput_entries",
+    "metric_families",
     "metric_points_after",
     "metric_series",
     "model_download",
@@ -209,6 +213,18 @@ def sync_cluster_inventory() -> dict[str, int] | None:
 def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> JobView:
     """Store a job (queued, its first attempt, the event) and ask for an admission cycle."""
     return queries.new_job_view(lifecycle.submit_job(tenant_id=tenant_id, user_id=user_id, spec=spec))
+
+
+def advise_submit(*, tenant_id: int, spec: JobSpec) -> JobAdvice:
+    """What submitting the spec now would do and how it would run, in words (``jobs.advice``); stores
+    nothing. A spec that could never start gets its reason, not a refusal."""
+    return advice.advise(tenant_id=tenant_id, spec=spec)
+
+
+def dry_run_submit(*, tenant_id: int, spec: JobSpec) -> JobAdvice:
+    """Submit's checks (a spec that submit refuses is refused the same way), then the advice; stores nothing."""
+    lifecycle.check_submit(tenant_id=tenant_id, spec=spec)
+    return advice.advise(tenant_id=tenant_id, spec=spec)
 
 
 def retry_job(*, tenant_id: int, job_id: int, user_id: int | None) -> JobView:

@@ -467,6 +467,11 @@ def tenant_id_for_slug(slug: str) -> int | None:
     return Tenant.objects.filter(slug=slug).values_list("pk", flat=True).first()
 
 
+def all_tenant_slugs() -> dict[int, str]:
+    """Every tenant's slug by id: the values /metrics allows in its tenant label."""
+    return dict(Tenant.objects.values_list("pk", "slug"))
+
+
 def tenant_slugs(tenant_ids: Iterable[int]) -> dict[int, str]:
     """Each existing tenant's slug by id (an id with no tenant is left out)."""
     return dict(Tenant.objects.filter(pk__in=set(tenant_ids)).values_list("pk", "slug"))

@@ -135,6 +135,14 @@ class Api:
         result: dict[str, Any] = self.post("/api/v1/jobs", spec, idempotency_key=idempotency_key)
         return result
 
+    def advise(self, spec: Any, *, dry_run: bool = False) -> dict[str, Any]:
+        """The advisor's answer on ``spec``; ``dry_run`` asks submit itself (its checks, then the advice)."""
+        if dry_run:
+            result: dict[str, Any] = self.request("POST", "/api/v1/jobs", json=spec, params={"dry_run": "true"})
+        else:
+            result = self.post("/api/v1/jobs/advise", spec)
+        return result
+
     def job(self, job_id: int) -> dict[str, Any]:
         result: dict[str, Any] = self.get(f"/api/v1/jobs/{job_id}")
         return result

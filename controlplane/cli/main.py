@@ -244,8 +244,31 @@ def derive_idempotency_key(spec: Any, given: str | None) -> str:
     return "cli-" + hashlib.sha256(f"{run}\n{canonical}".encode()).hexdigest()[:40]
 
 
+# The advisor's parts, in the order its summary gives them.
+ADVICE_PARTS = ("admission", "start", "batch", "checkpoint", "comm", "cost")
+ADVICE_COLUMNS = [Column("PART", lambda row: row["name"]), Column("ADVICE", lambda row: row["advice"])]
+
+
+def _show_advice(ctx: Context, advice: dict[str, Any]) -> None:
+    """The advice: a table of each part's headline (every sentence with -o json or yaml)."""
+    rows = [{"name": part, "advice": (advice[part]["reasoning"] or ["-"])[0]} for part in ADVICE_PARTS]
+    ctx.out.show(advice, kind="advice", columns=ADVICE_COLUMNS, rows=rows)
+
+
 @cli.command()
 @click.argument("spec_file", metavar="SPEC")
+@api_command
+def advise(ctx: Context, spec_file: str) -> None:
+    """Advise on the job spec in SPEC before submitting it: whether and where it would start now, when,
+    its micro-batches, checkpoint intervals, gradient compression and cost. Nothing is submitted."""
+    spec = _read_spec(spec_file)
+    with ctx.api() as api:
+        _show_advice(ctx, api.advise(spec))
+
+
+@cli.command()
+@click.argument("spec_file", metavar="SPEC")
+@click.option("--dry-run", is_flag=True, help="Check the spec as submit would and print the advice; submit nothing.")
 @click.option("--wait", "wait_", is_flag=True, help="Wait for the job to end; exit with its outcome.")
 @click.option("--follow", is_flag=True, help="Wait, showing its state changes and progress on stderr.")
 @click.option("--timeout", type=click.FloatRange(min=0), default=3600, show_default=True, help="Seconds to wait.")
@@ -255,6 +278,7 @@ def derive_idempotency_key(spec: Any, given: str | None) -> str:
 def submit(
     ctx: Context,
     spec_file: str,
+    dry_run: bool,
     wait_: bool,
     follow: bool,
     timeout: float,
@@ -265,6 +289,11 @@ def submit(
     from controlplane.cli import watch
 
     spec = _read_spec(spec_file)
+    if dry_run:
+        with ctx.api() as api:
+            _show_advice(ctx, api.advise(spec, dry_run=True))
+        ctx.out.say("dry run: nothing submitted")
+        return exitcodes.SUCCEEDED
     key = derive_idempotency_key(spec, idempotency_key)
     with ctx.api() as api:
         job = api.submit(spec, idempotency_key=key)

@@ -71,6 +71,108 @@ JOB: dict[str, Any] = {
 }
 
 
+def _advice_part(properties: dict[str, Any]) -> dict[str, Any]:
+    sentences = {"type": "array", "items": {"type": "string"}, "description": "Plain sentences; the first heads it."}
+    return {
+        "type": "object",
+        "required": [*properties, "reasoning"],
+        "properties": {**properties, "reasoning": sentences},
+    }
+
+
+_INT_OR_NULL = {"type": ["integer", "null"]}
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+_COUNTS = {"type": "object", "additionalProperties": {"type": "integer"}, "description": "Devices per flavor."}
+# What POST /api/v1/jobs/advise (and POST /api/v1/jobs?dry_run=true) answers (jobs.contracts.job_advice_json).
+ADVICE: dict[str, Any] = {
+    "type": "object",
+    "required": ["spec", "summary", "admission", "start", "batch", "checkpoint", "comm", "cost"],
+    "properties": {
+        "spec": {"type": "object", "description": "The spec as submit would store it, every default filled in."},
+        "summary": {"type": "array", "items": {"type": "string"}, "description": "Each part's headline."},
+        "admission": _advice_part(
+            {
+                "verdict": {"type": "string", "enum": ["now", "waits", "never"]},
+                "reason": {"type": "string", "description": "The scheduler's words: why it waits or never starts."},
+                "devices": _COUNTS,
+                "borrowing": {"type": "boolean"},
+                "preempts": {"type": "integer", "description": "Jobs on borrowed capacity it would evict first."},
+            }
+        ),
+        "start": _advice_part(
+            {
+                "expected_at": _TIME,
+                "wait_s": _NUMBER_OR_NULL,
+                "jobs_ending": {"type": "integer"},
+                "jobs_first": {"type": "integer"},
+            }
+        ),
+        "batch": _advice_part(
+            {
+                "global_batch": {"type": "integer"},
+                "placement": {"type": "string", "enum": ["now", "estimated start", "idle pool", "none"]},
+                "param_count": _INT_OR_NULL,
+                "activation_bytes_per_sample": _NUMBER_OR_NULL,
+                "accumulation": _INT_OR_NULL,
+                "flavors": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "flavor": {"type": "string"},
+                            "memory_gib": {"type": "number"},
+                            "max_micro_batch": _INT_OR_NULL,
+                            "devices": {"type": "integer"},
+                            "micro_batch": _INT_OR_NULL,
+                        },
+                    },
+                },
+            }
+        ),
+        "checkpoint": _advice_part(
+            {
+                "weights_every": _INT_OR_NULL,
+                "optimizer_every": _INT_OR_NULL,
+                "young_s": _NUMBER_OR_NULL,
+                "daly_s": _NUMBER_OR_NULL,
+                "mtbf_s": _NUMBER_OR_NULL,
+                "save_cost_s": _NUMBER_OR_NULL,
+                "step_time_s": _NUMBER_OR_NULL,
+                "spec_weights_every": {"type": "integer"},
+                "spec_optimizer_every": {"type": "integer"},
+            }
+        ),
+        "comm": _advice_part(
+            {
+                "requested": {"type": "string"},
+                "auto_would_choose": {"type": ["string", "null"]},
+                "density": _NUMBER_OR_NULL,
+                "rank": _INT_OR_NULL,
+                "vendor_groups": {"type": "integer"},
+                "link_gbit": _NUMBER_OR_NULL,
+                "link_source": {"type": "string"},
+            }
+        ),
+        "cost": _advice_part(
+            {
+                "nau": _NUMBER_OR_NULL,
+                "nau_per_device": {"type": "object", "additionalProperties": {"type": "number"}},
+                "cost_per_hour": {"type": ["string", "null"], "description": "A decimal, in currency."},
+                "currency": {"type": "string"},
+            }
+        ),
+    },
+}
+
+
+def flag(request: Request, key: str) -> bool:
+    """The query parameter ``key`` as true or false (absent: false)."""
+    raw = (request.query_params.get(key) or "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise Invalid(f"must be true or false, got {raw[:40]!r}", field=key)
+    return raw in ("true", "1")
+
+
 def page_of(key: str, item: dict[str, Any]) -> dict[str, Any]:
     """A cursor page's body (controlplane.paging)."""
     return {

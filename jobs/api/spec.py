@@ -1,7 +1,9 @@
 """The job spec outside a submit: ``GET /api/v1/job-spec/schema`` (the spec as JSON Schema, from the
 tables the parser checks against, ``runtime.jobspec.job_spec_schema``, for editors, the CLI and the
-portal's spec editor; public: it describes the product, not a tenant's data) and ``POST
-/api/v1/jobs/preview`` (a spec checked as submit checks it, with what admission would do now)."""
+portal's spec editor; public: it describes the product, not a tenant's data), ``POST
+/api/v1/jobs/preview`` (a spec checked as submit checks it, with what admission would do now) and
+``POST /api/v1/jobs/advise`` (the advisor: admission, start time, batch, checkpoints, comm and cost,
+each with its reasoning)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from rest_framework.views import APIView
 from billing import services as billing
 from controlplane.parsers import StrictJSONParser, YamlParser
 from jobs import services
-from jobs.api.schema import JOB_SPEC
-from jobs.contracts import admission_preview_json
+from jobs.api.schema import ADVICE, JOB_SPEC
+from jobs.contracts import admission_preview_json, job_advice_json
 from runtime.jobspec import job_spec_schema, parse_job_spec
 from tenants.permissions import READ, RequireScope, request_tenant_id
 
@@ -74,3 +76,30 @@ class JobPreviewView(APIView):
                 "pricing_error": pricing_error,
             }
         )
+
+
+class JobAdviseView(APIView):
+    """The advisor at submit: what submitting the spec now would do and how the job would run, each
+    answer with the figures behind it in words. Reading, not changing: a read scope is enough."""
+
+    permission_classes = [RequireScope]
+    method_scopes = {"POST": READ}
+    parser_classes = [StrictJSONParser, YamlParser]
+
+    @extend_schema(
+        summary="Advise on a job spec before submitting it",
+        description="The body is a job spec, as JSON or YAML (Content-Type: application/yaml); a spec with "
+        "problems is answered 400 with every problem in error.errors, as submit answers it. A valid one gets, "
+        "each part with its reasoning in sentences: whether the next admission cycle would start it and where, "
+        "why it would wait, or why it never could (a spec that could never start is advised, not refused); "
+        "when it is expected to start (the live queue played forward by the scheduler); each flavor's "
+        "micro-batch within about 70% of its memory and the accumulation steps; Young's and Daly's "
+        "checkpoint intervals; what compression: auto would choose on the cross-group link; the NAU charge "
+        "and the cost per hour at the tenant's prices. summary holds each part's headline. Nothing is stored.",
+        request={"application/json": JOB_SPEC, "application/yaml": JOB_SPEC},
+        responses={200: OpenApiResponse(ADVICE, description="The advice, part by part.")},
+    )
+    def post(self, request: Request) -> Response:
+        spec = parse_job_spec(request.data, known_flavors=services.known_flavors())
+        advice = services.advise_submit(tenant_id=request_tenant_id(request), spec=spec)
+        return Response({"spec": spec.to_dict(), **job_advice_json(advice)})

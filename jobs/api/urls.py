@@ -5,6 +5,7 @@ from jobs.api import actions, artifacts, bundles, logs, operator, spec, views
 urlpatterns = [
     path("jobs", views.JobListView.as_view(), name="api-jobs"),
     path("jobs/preview", spec.JobPreviewView.as_view(), name="api-job-preview"),
+    path("jobs/advise", spec.JobAdviseView.as_view(), name="api-job-advise"),
     path("job-spec/schema", spec.JobSpecSchemaView.as_view(), name="api-job-spec-schema"),
     path("jobs/<int:job_id>", views.JobDetailView.as_view(), name="api-job"),
     path("jobs/<int:job_id>/cancel", views.JobCancelView.as_view(), name="api-job-cancel"),

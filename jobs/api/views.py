@@ -16,13 +16,25 @@ from rest_framework.views import APIView
 
 from billing import services as billing
 from controlplane import paging
+from controlplane.idempotency import changed_nothing
 from controlplane.parsers import StrictJSONParser, YamlParser
 from controlplane.throttles import PerJobIngestThrottle
 from jobs import services
-from jobs.api.schema import HOURS_PARAMETER, JOB, JOB_FILTER_PARAMETERS, JOB_LIST, JOB_SPEC, query, whole_number
+from jobs.api.schema import (
+    ADVICE,
+    HOURS_PARAMETER,
+    JOB,
+    JOB_FILTER_PARAMETERS,
+    JOB_LIST,
+    JOB_SPEC,
+    flag,
+    query,
+    whole_number,
+)
 from jobs.contracts import (
     event_json,
     flavor_pool_json,
+    job_advice_json,
     job_json,
     queued_job_json,
     quota_history_json,
@@ -54,13 +66,23 @@ class JobListView(APIView):
     @extend_schema(
         summary="Submit a job",
         description="The body is a job spec (its JSON Schema: GET /api/v1/job-spec/schema). Every problem of "
-        "a spec is answered at once in error.errors.",
+        "a spec is answered at once in error.errors. With ?dry_run=true nothing is stored: the spec gets every "
+        "check submit makes (and is refused as submit would refuse it), then the advisor's answer, 200, as "
+        "POST /api/v1/jobs/advise gives it; an Idempotency-Key sent with a dry run is not used up.",
+        parameters=[query("dry_run", OpenApiTypes.BOOL, "Check and advise, store nothing (false unless asked).")],
         request={"application/json": JOB_SPEC, "application/yaml": JOB_SPEC},
-        responses={201: OpenApiResponse(JOB, description="The job, queued.")},
+        responses={
+            201: OpenApiResponse(JOB, description="The job, queued."),
+            200: OpenApiResponse(ADVICE, description="A dry run: the advice; nothing stored."),
+        },
     )
     def post(self, request: Request) -> Response:
         tenant_id = request_tenant_id(request)
+        dry_run = flag(request, "dry_run")
         spec = parse_job_spec(request.data, known_flavors=services.known_flavors())
+        if dry_run:
+            advice = services.dry_run_submit(tenant_id=tenant_id, spec=spec)
+            return changed_nothing(Response({"spec": spec.to_dict(), **job_advice_json(advice)}))
         user_id = request.user.pk if request.user is not None else None
         job = services.submit_job(tenant_id=tenant_id, user_id=user_id, spec=spec)
         return Response(job_json(job), status=status.HTTP_201_CREATED, headers={"Location": f"/api/v1/jobs/{job.id}"})

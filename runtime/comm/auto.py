@@ -18,9 +18,19 @@ step on an accelerator.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_BUDGET_S", "AutoChoice", "choose_policy", "ring_bytes"]
+__all__ = [
+    "DEFAULT_BUDGET_S",
+    "AutoChoice",
+    "choose_policy",
+    "exchange_members",
+    "lowrank_factors",
+    "lowrank_numbers",
+    "ring_bytes",
+]
 
 DEFAULT_BUDGET_S = 0.010
 MIN_DENSITY = 0.01
@@ -45,6 +55,40 @@ def ring_bytes(payload_bytes: float, members: int) -> float:
     return 0.0 if members < 2 else 2 * (members - 1) / members * payload_bytes
 
 
+def lowrank_factors(shape: Sequence[int], rank: int) -> tuple[int, int, int]:
+    """(n, m, r): a gradient of any shape as an n x m matrix (the first dimension by the rest), and the
+    rank r of its PowerSGD factors P (n x r) and Q (m x r). Torch-free, so that the control plane can
+    size a model it never builds; ``codecs.PowerSGDCodec`` uses the same rule."""
+    n = shape[0] if len(shape) else 1
+    m = max(1, math.prod(shape) // max(1, n))
+    return n, m, min(rank, n, m)
+
+
+def lowrank_numbers(shapes: Iterable[Sequence[int]], rank: int) -> tuple[int, int]:
+    """(matrix_params, lowrank_params) of ``choose_policy`` for parameters of these shapes: the numbers in
+    tensors that PowerSGD compresses (P and Q smaller than the matrix), and what PowerSGD sends, P and Q
+    of those plus every other tensor dense."""
+    matrix = lowrank = 0
+    for shape in shapes:
+        n, m, r = lowrank_factors(shape, rank)
+        if r * (n + m) < n * m:
+            matrix += n * m
+            lowrank += r * (n + m)
+        else:
+            lowrank += math.prod(shape)
+    return matrix, lowrank
+
+
+def exchange_members(vendor_groups: Sequence[int], hierarchical: bool) -> int:
+    """How many ranks take part in the cross-group exchange, as ``reducer.Layout.of`` lays them out: each
+    vendor group's leader when the hierarchy is used (several groups, one of them with several ranks),
+    else every rank."""
+    sizes = [vendor_groups.count(group) for group in set(vendor_groups)]
+    if hierarchical and len(sizes) > 1 and any(size > 1 for size in sizes):
+        return len(sizes)
+    return len(vendor_groups)
+
+
 def choose_policy(
     link_bytes_per_s: float,
     param_count: int,
@@ -55,14 +99,16 @@ def choose_policy(
     budget_s: float = DEFAULT_BUDGET_S,
     density: float = 0.1,
     rank: int = POWERSGD_RANK,
+    link_source: str = "measured",
 ) -> AutoChoice:
-    """``lowrank_params``: how many numbers rank-``rank`` P and Q (plus the dense rest) amount to."""
+    """``lowrank_params``: how many numbers rank-``rank`` P and Q (plus the dense rest) amount to;
+    ``link_source``: where the link's speed comes from, for the reason (the worker measures it)."""
     if members < 2:
         return AutoChoice("none", density, rank, "one group: there is no cross-group link to spare")
     gbit = link_bytes_per_s * 8 / 1e9
     dense_s = ring_bytes(4 * param_count, members) / link_bytes_per_s
     head = (
-        f"cross-group link measured at {gbit:.2f} Gbit/s; the dense exchange of {param_count:,} parameters "
+        f"cross-group link {link_source} at {gbit:.2f} Gbit/s; the dense exchange of {param_count:,} parameters "
         f"takes {dense_s * 1e3:.1f} ms a step (budget {budget_s * 1e3:.0f} ms)"
     )
     if dense_s <= budget_s:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from runtime.comm.auto import lowrank_factors
+
 __all__ = [
     "Encoded",
     "PowerSGDCodec",
@@ -249,9 +251,7 @@ class PowerSGDCodec:
     def factors(shape: torch.Size, rank: int) -> tuple[int, int, int]:
         """(n, m, r): a gradient of any shape as an n x m matrix (the first dimension by the rest),
         and the rank r of its P (n x r) and Q (m x r)."""
-        n = shape[0] if len(shape) else 1
-        m = max(1, math.prod(shape) // max(1, n))
-        return n, m, min(rank, n, m)
+        return lowrank_factors(shape, rank)
 
     @staticmethod
     def worth_compressing(shape: torch.Size, rank: int) -> bool:

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runtime.comm.auto import choose_policy
-from runtime.comm.codecs import PowerSGDCodec
+from runtime.comm.auto import choose_policy, lowrank_numbers
 from runtime.comm.collectives import ring_allreduce
 from runtime.comm.link import LinkEmulation
 from runtime.comm.reducer import GradientReducer, Layout
@@ -61,18 +60,6 @@ def measure_link(transport: Transport, layout: Layout) -> float:
     return measured / count if count else float("inf")
 
 
-def _lowrank_numbers(params: Sequence[nn.Parameter], rank: int) -> tuple[int, int]:
-    matrix = lowrank = 0
-    for p in params:
-        if PowerSGDCodec.worth_compressing(p.shape, rank):
-            n, m, r = PowerSGDCodec.factors(p.shape, rank)
-            matrix += p.numel()
-            lowrank += r * (n + m)
-        else:
-            lowrank += p.numel()
-    return matrix, lowrank
-
-
 def open_exchange(
     params: Sequence[nn.Parameter],
     spec: CommSpec,
@@ -91,7 +78,7 @@ def open_exchange(
         # One vendor group: no slow link to spare, whatever the flat layout's probe would measure.
         bytes_per_s = measure_link(transport, layout) if len(set(vendor_groups)) > 1 else float("inf")
         param_count = sum(p.numel() for p in params)
-        matrix, lowrank = _lowrank_numbers(params, spec.rank)
+        matrix, lowrank = lowrank_numbers((p.shape for p in params), spec.rank)
         if bytes_per_s == float("inf"):
             choice = choose_policy(1.0, param_count, matrix_params=matrix, lowrank_params=lowrank, members=1)
         else:

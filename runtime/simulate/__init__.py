@@ -5,10 +5,13 @@
 - ``rounds``: placement policies (``runtime.scheduling.policies``) and the round mechanism
   (``runtime.scheduling.rounds``) over a throughput table, for job completion times, makespan and
   utilization; ``python -m runtime.simulate`` is its command line.
+- ``forecast``: when waiting jobs would start, the live snapshot played forward with the same
+  ``schedule`` (the advisor's start estimate at submit).
 - ``trace``: Gavel's trace and throughput formats, and a seeded trace generator.
 """
 
 from runtime.simulate.admission import SimResult, TraceJob, simulate, water_fill
+from runtime.simulate.forecast import Forecast, Work, forecast_starts
 from runtime.simulate.rounds import Cluster, JobRates, RoundResult, Summary, run_rounds, summarize
 from runtime.simulate.trace import (
     SimJob,
@@ -22,6 +25,7 @@ from runtime.simulate.trace import (
 
 __all__ = [
     "Cluster",
+    "Forecast",
     "JobRates",
     "RoundResult",
     "SimJob",
@@ -30,6 +34,8 @@ __all__ = [
     "ThroughputTable",
     "TraceError",
     "TraceJob",
+    "Work",
+    "forecast_starts",
     "generate_trace",
     "load_gavel_throughputs",
     "load_trace",

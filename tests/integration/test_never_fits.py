@@ -35,7 +35,7 @@ def _refusal(response) -> str:
 
 def test_a_gang_larger_than_its_flavors_in_the_pool_is_refused(tenants, pool):
     message = _refusal(_post(tenants[0].token, _spec(5, ["tpu-v4"])))
-    assert "needs 5 devices of tpu-v4 but the pool has 4 in all" in message
+    assert "the pool has 4 tpu-v4 and this job needs 5, so it could never start" in message
     assert "wait_for_capacity" in message
     assert not TrainingJob.objects.exists()
 

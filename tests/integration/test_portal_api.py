@@ -57,7 +57,7 @@ def test_a_preview_of_a_job_that_must_wait_says_why(tenants, pool):
 
 def test_a_preview_of_a_job_that_can_never_start_names_why(tenants, pool):
     body = _preview(tenants[0].token, {**SMALL, "devices": 5, "flavors": ["tpu-v4"]}).json()
-    assert "needs 5 devices of tpu-v4 but the pool has 4" in body["admission"]["never"]
+    assert "the pool has 4 tpu-v4 and this job needs 5" in body["admission"]["never"]
 
 
 def test_a_yaml_spec_with_problems_gets_every_one_at_once_and_yaml_bombs_are_refused(tenants, pool):

@@ -96,6 +96,7 @@ MATRIX: dict[str, Expect] = {
     "api/v1/jobs/<int:job_id>/checkpoints/<int:step>/download": Expect("object", {"GET": "read"}),
     "api/v1/jobs/<int:job_id>/model": Expect("object", {"GET": "read"}),
     "api/v1/jobs/preview": Expect("collection", {"POST": "read"}),
+    "api/v1/jobs/advise": Expect("collection", {"POST": "read"}),
     "api/v1/pool": Expect("global", {"GET": "read"}),
     "api/v1/quotas": Expect("collection", {"GET": "read"}),
     "api/v1/quotas/history": Expect("collection", {"GET": "read"}),
@@ -116,6 +117,7 @@ MATRIX: dict[str, Expect] = {
     "api/v1/operator/invoices/<int:invoice_id>/finalize": _operator("POST"),
     # jobs: operators
     "api/v1/operator/cluster": _operator("GET"),
+    "metrics": _operator("GET"),  # Prometheus' text: operators, or the scrape token (tests/integration)
     "api/v1/operator/nodes/<str:node>/drain": _operator("POST"),
     "api/v1/operator/devices/<path:device_id>/health": _operator("POST"),
     "api/v1/operator/queue": _operator("GET"),

@@ -13,7 +13,7 @@ from runtime.jobspec import WorkloadSpec
 from runtime.worker.builtin import MODELS, make_task
 from runtime.worker.builtin.base import BuiltinTask, EpochOrder
 from runtime.worker.builtin.charlm import CharLmTask
-from runtime.worker.builtin.shapes import CHARLM_CONTEXT, memory_figures
+from runtime.worker.builtin.shapes import CHARLM_CONTEXT, memory_figures, param_shapes
 from runtime.worker.builtin.synthetic import SyntheticMlpTask, teacher
 from runtime.worker.workload import SyntheticDataset, build_student
 
@@ -158,6 +158,8 @@ def test_the_memory_figures_count_the_real_parameters(model: str, hidden: int) -
     params, activation_bytes = memory_figures(model, hidden)
     assert task.param_count == params == sum(p.numel() for p in task.build_model().parameters())
     assert task.activation_bytes_per_sample == activation_bytes > 0
+    # The shapes the control plane sizes the gradient exchange by, without building the model.
+    assert param_shapes(model, hidden) == [tuple(p.shape) for p in task.build_model().parameters()]
 
 
 def test_synthetic_mlp_is_the_workload_it_always_was() -> None:

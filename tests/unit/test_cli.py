@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -61,3 +62,46 @@ def test_help_loads_neither_django_celery_torch_nor_httpx():
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+ADVICE = {
+    "spec": SPEC,
+    "summary": ["Would be admitted now, on 1 tpu-v4."],
+    **{
+        part: {"reasoning": [f"{part} headline.", f"{part} detail."]}
+        for part in ("admission", "start", "batch", "checkpoint", "comm", "cost")
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("args", "expected_call"),
+    [
+        (["advise"], ("POST", "/api/v1/jobs/advise", None)),
+        (["submit", "--dry-run"], ("POST", "/api/v1/jobs", {"dry_run": "true"})),
+    ],
+)
+def test_advise_and_a_dry_run_print_each_parts_headline_and_submit_nothing(monkeypatch, tmp_path, args, expected_call):
+    from click.testing import CliRunner
+
+    from controlplane.cli.api import Api
+    from controlplane.cli.main import cli
+
+    calls = []
+
+    def request(self, method, path, *, json=None, params=None, idempotency_key=None, timeout_s=None):
+        calls.append((method, path, params, json, idempotency_key))
+        return ADVICE
+
+    monkeypatch.setattr(Api, "request", request)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: a\ndevices: 1\nflavors: [tpu-v4]\n")
+    target = ["--url", "http://polychip.invalid", "--token", "pc_test"]
+    table = CliRunner().invoke(cli, [*args, str(spec), *target], env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert [(method, path, params) for method, path, params, _, _ in calls] == [expected_call]
+    assert calls[0][3] == SPEC and calls[0][4] is None  # the spec as read, and no key to use up
+    assert all(f"{part} headline." in table.stdout for part in ("admission", "cost"))
+    assert "detail" not in table.stdout
+    as_json = CliRunner().invoke(cli, [*args, str(spec), *target, "-o", "json"])
+    assert json.loads(as_json.stdout) == ADVICE

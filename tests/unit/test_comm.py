@@ -99,7 +99,7 @@ def test_powersgd_reconstructs_a_low_rank_gradient_and_keeps_the_rest():
 
 # -- encodings, layout, buckets, the link throttle and auto: table-driven -------------------------
 
-from runtime.comm.auto import choose_policy  # noqa: E402
+from runtime.comm.auto import choose_policy, exchange_members, lowrank_factors, lowrank_numbers  # noqa: E402
 from runtime.comm.codecs import decode_sparse, encode_sparse  # noqa: E402
 from runtime.comm.reducer import Layout, plan_buckets  # noqa: E402
 from runtime.comm.transport import LinkThrottle  # noqa: E402
@@ -141,6 +141,18 @@ def test_layout(vendor_groups, hierarchical, groups, used):
     layout = Layout.of(vendor_groups, hierarchical)
     assert (layout.groups, layout.hierarchical) == (groups, used)
     assert layout.leaders == tuple(g[0] for g in groups)
+    # The control plane counts the exchange's members without torch, by the same rule.
+    assert exchange_members(vendor_groups, hierarchical) == len(layout.leaders)
+
+
+def test_the_lowrank_sizes_of_shapes_follow_the_codec():
+    shapes = [(64, 32), (64,), (10, 64), (8, 1, 3, 3), (3, 2)]
+    matrix, lowrank = lowrank_numbers(shapes, 4)
+    worth = [s for s in shapes if PowerSGDCodec.worth_compressing(torch.Size(s), 4)]
+    assert worth == [(64, 32), (10, 64), (8, 1, 3, 3)]  # not a vector, nor 3 x 2 at rank 2 (10 > 6)
+    assert matrix == 64 * 32 + 10 * 64 + 8 * 9
+    assert lowrank == 4 * (64 + 32) + 4 * (10 + 64) + 4 * (8 + 9) + 64 + 6
+    assert [PowerSGDCodec.factors(torch.Size(s), 4) for s in shapes] == [lowrank_factors(s, 4) for s in shapes]
 
 
 def test_buckets_hold_the_last_parameters_first_and_respect_the_size():

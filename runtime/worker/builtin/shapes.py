@@ -80,6 +80,33 @@ def digits_activation_bytes(channels: int) -> float:
     return ACTIVATION_OVERHEAD * FLOAT_BYTES * floats
 
 
+def param_shapes(model: str, hidden: int) -> list[tuple[int, ...]]:
+    """The shape of every parameter tensor of built-in ``model`` at width ``hidden``, in the modules'
+    order: what the gradient exchange sends (``runtime.comm.auto.lowrank_numbers`` sizes PowerSGD on them)."""
+    if model == "synthetic-mlp":
+        from runtime.worker.config import INPUT_DIM, NUM_CLASSES
+
+        h = hidden
+        return [(h, INPUT_DIM), (h,), (h, h), (h,), (NUM_CLASSES, h), (NUM_CLASSES,)]
+    if model == "charlm":
+        d, ff = hidden, CHARLM_FF_MULT * hidden
+        block = [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (ff, d), (ff,), (d, ff), (d,)]
+        return [
+            (CHARLM_VOCAB, d),
+            (CHARLM_CONTEXT, d),
+            *block * CHARLM_LAYERS,
+            (d,),
+            (d,),
+            (CHARLM_VOCAB, d),
+            (CHARLM_VOCAB,),
+        ]
+    if model == "digits-cnn":
+        c = hidden
+        pooled = 2 * c * (DIGITS_SIDE // 2) ** 2
+        return [(c, 1, 3, 3), (c,), (2 * c, c, 3, 3), (2 * c,), (DIGITS_CLASSES, pooled), (DIGITS_CLASSES,)]
+    raise ValueError(f"{model!r} is not a built-in model; use one of synthetic-mlp, charlm, digits-cnn")
+
+
 def memory_figures(model: str, hidden: int) -> tuple[int, float]:
     """(parameter count, activation bytes per sample) of built-in ``model`` at width ``hidden``."""
     if model == "synthetic-mlp":
