@@ -9,8 +9,7 @@ it holds, the advisor's speed and accuracy, and how many log lines a job's life 
   and 1,000 jobs submitted as the API stores them; one admission cycle places what fits, the placed
   run with the figures their telemetry would leave (throughput, loss, balance, exchange), a tenth of
   the others ended, and every Celery task has counts. A scrape is the whole of the collector's work,
-  what ``/metrics`` does: ``controlplane.exposition.render`` of the control plane's registry (every
-  query and the text), timed in this process
+  what ``/metrics`` does, ``controlplane.metrics.scrape`` (every query and the text), timed in this process
   ``trials`` times; the first scrape, which also rates every tenant's month, is included. The series
   are the sample lines of the text; ``label_overflow`` is the overflow counter's total after the scrapes.
 - ``advise_ms_p50`` and ``advise_start_eta_error``: ``bench/_advisor.py`` (its docstring says how).
@@ -54,6 +53,7 @@ def seed_world() -> dict[str, int]:
     from django.utils import timezone
 
     from bench.admission import FLAVORS
+    from billing import services as billing
     from billing.models import BillingAccount
     from controlplane.celery import app
     from controlplane.models import TaskCounter
@@ -157,6 +157,7 @@ def seed_world() -> dict[str, int]:
         for name in sorted(app.tasks)
         if not name.startswith("celery.")
     )
+    billing.check_budgets_now()  # what beat does every 30 s: the budgeted tenants' spend, for the scrape
     return {"devices": Device.objects.count(), "tenants": len(tenants), "running": len(placed)}
 
 
@@ -165,13 +166,12 @@ def scrape_figures(trials: int) -> dict[str, Any]:
 
     setup_django(db="polychip_bench_metrics", var="bench-metrics")
     world = seed_world()
-    from controlplane.exposition import render
-    from controlplane.metrics import registry
+    from controlplane.metrics import scrape
 
     times, text = [], ""
     for trial in range(trials):
         started = time.perf_counter()
-        text = render(registry.collect()).decode()
+        text = scrape().decode()
         times.append((time.perf_counter() - started) * 1000)
         print(f"  scrape {trial + 1}/{trials}: {times[-1]:.0f} ms", flush=True)
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]

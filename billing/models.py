@@ -106,6 +106,12 @@ class BillingAccount(models.Model):
     soft_budget = models.DecimalField(max_digits=18, decimal_places=2, null=True, blank=True)
     hard_budget = models.DecimalField(max_digits=18, decimal_places=2, null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # The month's spend as the budget check (beat, every 30 s) last rated it, for /metrics: a scrape reads
+    # it rather than rating every tenant's month itself.
+    checked_spend = models.DecimalField(max_digits=18, decimal_places=2, null=True, blank=True)
+    checked_period = models.DateField(null=True, blank=True)
+    checked_currency = models.CharField(max_length=3, blank=True)
+    checked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

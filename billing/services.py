@@ -908,7 +908,31 @@ def check_budgets_now(*, now: datetime | None = None) -> dict[int, BudgetStatus]
     """Every budgeted tenant's spend this month, the devices its jobs hold now included (alerts as
     they cross); what the beat task runs."""
     budgeted = tenants_with_budgets()
-    return check_budgets(budgeted, open_usage(budgeted), now=now) if budgeted else {}
+    now = now or timezone.now()
+    statuses = check_budgets(budgeted, open_usage(budgeted), now=now) if budgeted else {}
+    for status in statuses.values():
+        BillingAccount.objects.filter(tenant_id=status.tenant_id).update(
+            checked_spend=status.spend, checked_period=status.period, checked_currency=status.currency, checked_at=now
+        )
+    return statuses
+
+
+def checked_budgets(*, now: datetime | None = None) -> list[BudgetStatus]:
+    """Each budgeted tenant's spend this month as the last budget check rated it (/metrics), without
+    the alerts; a tenant not yet checked this month is left out."""
+    period = rating.period_of(rating.epoch_ms(now or timezone.now()))
+    accounts = BillingAccount.objects.filter(checked_period=period, checked_spend__isnull=False).order_by("tenant_id")
+    return [
+        BudgetStatus(
+            tenant_id=account.tenant_id,
+            period=period,
+            currency=account.checked_currency,
+            spend=account.checked_spend or Decimal(0),
+            soft_budget=account.soft_budget,
+            hard_budget=account.hard_budget,
+        )
+        for account in accounts
+    ]
 
 
 def check_budgets(

@@ -179,3 +179,19 @@ def test_worker_counts_fold_into_rows_that_the_scrape_reads():
     assert value(text, "polychip_celery_tasks_total", state="failed", **task) == 1
     assert value(text, "polychip_celery_task_runtime_seconds_count", **task) == 5
     assert value(text, "polychip_celery_workers") == 1
+
+
+def test_a_budgeted_tenants_spend_is_what_the_budget_check_last_rated(tenants, pool):
+    from decimal import Decimal
+
+    from billing import services as billing
+
+    acme = tenants[0]
+    billing.set_budgets(acme.id, soft=Decimal("100"), hard=Decimal("200"))
+    assert value(scrape(), "polychip_tenant_spend", tenant="acme") is None  # not checked yet this month
+    billing.check_budgets_now()
+    text = scrape()
+    assert value(text, "polychip_tenant_spend", tenant="acme", currency="USD") == 0
+    assert value(text, "polychip_tenant_budget", tenant="acme", kind="hard") == 200
+    assert value(text, "polychip_tenant_budget", tenant="acme", kind="soft") == 100
+    assert value(text, "polychip_tenant_spend", tenant="globex") is None  # no budget: not checked

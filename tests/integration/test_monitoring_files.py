@@ -349,6 +349,7 @@ def _exposition_state(tenants: Any) -> None:
     )
     WorkerBeat.objects.create(hostname="celery@test", seen_at=now)
     billing.set_budgets(acme.id, soft=Decimal("100"), hard=Decimal("200"))
+    billing.check_budgets_now()  # beat's budget check: the spend /metrics reads
 
 
 def _exposed(text: str) -> tuple[set[str], dict[str, set[str]]]:
