@@ -12,7 +12,15 @@ import os
 from typing import Any, Final
 
 from celery import Celery
-from celery.signals import beat_init, task_postrun, task_prerun, worker_init, worker_process_shutdown, worker_shutdown
+from celery.signals import (
+    beat_init,
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 from django.db.utils import InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerOperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -60,6 +68,13 @@ def _count_tasks(**_: Any) -> None:
     from controlplane import taskstats
 
     taskstats.connect_signals()
+
+
+@worker_ready.connect
+def _start_worker_heartbeat(sender: Any = None, **_: Any) -> None:
+    from controlplane import taskstats
+
+    taskstats.start_heartbeat(str(getattr(sender, "hostname", "") or "celery"))
 
 
 @worker_process_shutdown.connect

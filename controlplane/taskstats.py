@@ -4,8 +4,8 @@ A worker process counts each task as it ends (``task_postrun``: the task's name,
 long it ran) in memory, and folds what it counted into ``TaskCounter`` rows at most every
 ``FLUSH_EVERY_S`` seconds and when it shuts down: one short transaction that locks the rows in name
 order, so that concurrent workers add up without deadlocks. Each flush also stamps the worker's
-``WorkerBeat``. Counting happens only inside a worker (``worker_init``): an eager task in a test or a
-shell is not a worker's.
+``WorkerBeat``, and so does a thread of the worker's main process every 15 s, tasks or none. Counting
+happens only inside a worker (``worker_init``): an eager task in a test or a shell is not a worker's.
 
 If a flush fails (the database is away), the counts stay in memory for the next one.
 """
@@ -13,6 +13,7 @@ If a flush fails (the database is away), the counts stay in memory for the next 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
 from controlplane.models import TaskCounter, WorkerBeat
@@ -114,6 +115,32 @@ recorder = _Recorder()
 def connect_signals() -> None:
     """Count tasks in this process from now on: the worker calls it once it starts (worker_init)."""
     recorder.enabled = True
+
+
+HEARTBEAT_EVERY_S = 15.0
+
+
+def start_heartbeat(hostname: str, every_s: float = HEARTBEAT_EVERY_S) -> tuple[threading.Event, threading.Thread]:
+    """Stamp the worker's ``WorkerBeat`` every ``every_s`` from its main process, tasks or none: a
+    worker that beat sends nothing to (beat down, another worker faster) is still alive, and
+    polychip_celery_workers must say so. A daemon thread, which ends with the worker or once the
+    returned event is set (join the returned thread to wait for its last stamp)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            try:
+                WorkerBeat.objects.update_or_create(hostname=hostname, defaults={"seen_at": timezone.now()})
+            except DatabaseError:
+                logger.warning("worker heartbeat not saved", exc_info=True)
+            finally:
+                close_old_connections()
+            if stop.wait(every_s):
+                return
+
+    thread = threading.Thread(target=beat, name="polychip-worker-heartbeat", daemon=True)
+    thread.start()
+    return stop, thread
 
 
 def on_prerun(task_id: str) -> None:

@@ -195,3 +195,20 @@ def test_a_budgeted_tenants_spend_is_what_the_budget_check_last_rated(tenants, p
     assert value(text, "polychip_tenant_budget", tenant="acme", kind="hard") == 200
     assert value(text, "polychip_tenant_budget", tenant="acme", kind="soft") == 100
     assert value(text, "polychip_tenant_spend", tenant="globex") is None  # no budget: not checked
+
+
+def test_a_worker_is_counted_alive_from_its_heartbeat_with_no_task_run():
+    stop, thread = taskstats.start_heartbeat("celery@idle", every_s=0.1)
+    try:
+        deadline = time.monotonic() + 10
+        while not WorkerBeat.objects.filter(hostname="celery@idle").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = WorkerBeat.objects.get(hostname="celery@idle").seen_at
+        while WorkerBeat.objects.get(hostname="celery@idle").seen_at == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert WorkerBeat.objects.get(hostname="celery@idle").seen_at > first  # it beats again
+    finally:
+        stop.set()
+        thread.join(timeout=10)  # its last stamp lands before the test's tables are emptied
+    assert not thread.is_alive()
+    assert value(scrape(), "polychip_celery_workers") == 1
