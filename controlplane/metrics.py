@@ -72,7 +72,7 @@ def _task_families(bound: LabelBound) -> Iterator[Metric]:
     yield counts
     yield runtime
     workers = GaugeMetricFamily(
-        "polychip_celery_workers", f"Celery workers that stamped their heartbeat within {taskstats.WORKER_ALIVE_S:.0f} s"
+        "polychip_celery_workers", f"Celery workers whose heartbeat came within {taskstats.WORKER_ALIVE_S:.0f} s"
     )
     workers.add_metric([], taskstats.live_workers())
     yield workers
