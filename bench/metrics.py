@@ -6,7 +6,8 @@ it holds, the advisor's speed and accuracy, and how many log lines a job's life 
 - ``series_total``, ``scrape_ms_p50``, ``scrape_ms_p99``, ``label_overflow``: a scratch PostgreSQL
   database holds 8,000 devices of 6 flavors (each with a health reading, error totals, most with a
   predictor score, some cordoned or failed, with health events), 50 tenants with quotas (half of them
-  with budgets, their spend rated as beat's budget check does), and 1,000 jobs submitted as the API stores them; one admission cycle places what fits, the placed
+  with budgets, their spend rated as beat's budget check does), and 1,000 jobs submitted as the API
+  stores them; one admission cycle places what fits, the placed
   run with the figures their telemetry would leave (throughput, loss, balance, exchange), a tenth of
   the others ended, and every Celery task has counts. A scrape is the whole of the collector's work,
   what ``/metrics`` does, ``controlplane.metrics.scrape`` (every query and the text), timed in this process
