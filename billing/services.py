@@ -935,29 +935,37 @@ def checked_budgets(*, now: datetime | None = None) -> list[BudgetStatus]:
     ]
 
 
-def check_budgets(
+def rate_budgets(
     tenant_ids: Iterable[int] | None, open_usage: Sequence[OpenUsage], *, now: datetime | None = None
 ) -> dict[int, BudgetStatus]:
-    """Each budgeted tenant's status, raising an alert the first time a budget is crossed in a period."""
+    """Each budgeted tenant's status, rated now and stored nowhere: what a preview or the advisor asks,
+    which must leave no alert behind (a spec that is only asked about spends nothing)."""
     now = now or timezone.now()
     statuses: dict[int, BudgetStatus] = {}
     for tenant_id in tenants_with_budgets(tenant_ids):
         try:
-            status = budget_status(tenant_id, open_usage, now=now)
+            statuses[tenant_id] = budget_status(tenant_id, open_usage, now=now)
         except rating.RatingError:
             # A price missing from the tenant's book is the operator's to fix; it must not stop
             # admission for every tenant. The tenant is not held back meanwhile.
             log.exception(
                 "budget of tenant %s cannot be priced; not enforced until its price book covers it", tenant_id
             )
-            continue
+    return statuses
+
+
+def check_budgets(
+    tenant_ids: Iterable[int] | None, open_usage: Sequence[OpenUsage], *, now: datetime | None = None
+) -> dict[int, BudgetStatus]:
+    """Each budgeted tenant's status, raising an alert the first time a budget is crossed in a period."""
+    statuses = rate_budgets(tenant_ids, open_usage, now=now)
+    for status in statuses.values():
         for level, budget, reached in (
             (BudgetAlert.Level.SOFT, status.soft_budget, status.soft_reached),
             (BudgetAlert.Level.HARD, status.hard_budget, status.hard_reached),
         ):
             if reached and budget is not None and level not in status.alerts:
                 _alert(status, level, budget)
-        statuses[tenant_id] = status
     return statuses
 
 

@@ -242,12 +242,14 @@ def _cycle() -> CycleReport:
     )
 
 
-def over_hard_budget(tenant_ids: set[int], now: datetime) -> dict[int, str]:
-    """Tenants among ``tenant_ids`` whose spend this month reached their hard budget, with the reason."""
+def over_hard_budget(tenant_ids: set[int], now: datetime, *, raise_alerts: bool = True) -> dict[int, str]:
+    """Tenants among ``tenant_ids`` whose spend this month reached their hard budget, with the reason.
+    The cycle raises budget alerts as budgets are crossed; a preview (``raise_alerts=False``) does not."""
     budgeted = billing.tenants_with_budgets(tenant_ids) if tenant_ids else []
     if not budgeted:
         return {}
-    statuses = billing.check_budgets(budgeted, open_usage(budgeted), now=now)
+    rate = billing.check_budgets if raise_alerts else billing.rate_budgets
+    statuses = rate(budgeted, open_usage(budgeted), now=now)
     return {tenant_id: billing.hard_budget_reason(s) for tenant_id, s in statuses.items() if s.hard_reached}
 
 

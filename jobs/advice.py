@@ -146,8 +146,8 @@ def _step_time_s(spec: JobSpec, placement: Mapping[str, int], speeds: _Speeds) -
 def _admission_and_start(
     tenant_id: int, spec: JobSpec, now: datetime, speeds: _Speeds
 ) -> tuple[AdmissionAdvice, StartAdvice, dict[str, int], str]:
-    snapshot = load_snapshot(now)
-    preview = capacity.preview_on(snapshot, tenant_id=tenant_id, spec=spec)
+    hypothetical, over_budget = capacity.with_hypothetical(load_snapshot(now), tenant_id=tenant_id, spec=spec)
+    preview = capacity.preview_of(hypothetical, over_budget, tenant_id=tenant_id, spec=spec)
     if preview.starts_now or preview.preempts:
         where = _devices_words(preview.devices)
         borrowing = " (borrowing from the cohort)" if preview.borrowing else ""
@@ -163,7 +163,6 @@ def _admission_and_start(
         return admission, start, dict(preview.devices), "now"
 
     waits = [f"Would wait: {preview.reason}"]
-    hypothetical, over_budget = capacity.with_hypothetical(snapshot, tenant_id=tenant_id, spec=spec)
     if tenant_id in over_budget:
         admission = AdmissionAdvice("waits", preview.reason, {}, False, 0, _sentences(waits))
         start = StartAdvice(None, None, 0, 0, ("No start time: nothing of the tenant's starts past its hard budget.",))

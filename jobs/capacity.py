@@ -15,6 +15,7 @@ the same words.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -108,7 +109,9 @@ def with_hypothetical(snapshot: Snapshot, *, tenant_id: int, spec: JobSpec) -> t
     rates = throughput_matrix().rates({spec.workload.job_class})
     job = _hypothetical(tenant_id, spec, snapshot.now)
     pending = [*snapshot.pending, job]
-    over_budget = over_hard_budget({p.tenant_id for p in pending}, datetime.fromtimestamp(snapshot.now, UTC))
+    over_budget = over_hard_budget(
+        {p.tenant_id for p in pending}, datetime.fromtimestamp(snapshot.now, UTC), raise_alerts=False
+    )
     pending = [p for p in pending if p.tenant_id not in over_budget]
     return replace(snapshot, pending=pending, nau_rates={**snapshot.nau_rates, **rates}), over_budget
 
@@ -118,6 +121,14 @@ def preview_on(snapshot: Snapshot, *, tenant_id: int, spec: JobSpec) -> Admissio
     quota) would do with the job added last in its priority, decided and thrown away. Nothing is stored
     or locked, so a preview can disagree with the cycle that really comes if the pool changes in between."""
     snapshot, over_budget = with_hypothetical(snapshot, tenant_id=tenant_id, spec=spec)
+    return preview_of(snapshot, over_budget, tenant_id=tenant_id, spec=spec)
+
+
+def preview_of(
+    snapshot: Snapshot, over_budget: Mapping[int, str], *, tenant_id: int, spec: JobSpec
+) -> AdmissionPreview:
+    """``preview_on`` for a snapshot that ``with_hypothetical`` already made (the advisor plays the
+    same one forward, so the budgets are rated once)."""
     per_device = {flavor: snapshot.nau_rates.get((spec.workload.job_class, flavor), MILLI) for flavor in spec.flavors}
     if tenant_id in over_budget:
         return AdmissionPreview(None, False, over_budget[tenant_id], {}, 0.0, False, (), per_device)

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import services as billing
+from controlplane.idempotency import changed_nothing
 from controlplane.parsers import StrictJSONParser, YamlParser
 from jobs import services
 from jobs.api.schema import ADVICE, JOB_SPEC
@@ -67,14 +68,17 @@ class JobPreviewView(APIView):
                 cost = str(billing.hourly_cost(tenant_id=tenant_id, devices=devices))
             except billing.RatingError as exc:
                 pricing_error = str(exc)
-        return Response(
-            {
-                "spec": spec.to_dict(),
-                "admission": admission_preview_json(preview),
-                "cost_per_hour": cost,
-                "currency": billing.price_book_for(tenant_id).currency,
-                "pricing_error": pricing_error,
-            }
+        # A question, not a change: an Idempotency-Key sent with it stays free for the real submit.
+        return changed_nothing(
+            Response(
+                {
+                    "spec": spec.to_dict(),
+                    "admission": admission_preview_json(preview),
+                    "cost_per_hour": cost,
+                    "currency": billing.price_book_for(tenant_id).currency,
+                    "pricing_error": pricing_error,
+                }
+            )
         )
 
 
@@ -102,4 +106,4 @@ class JobAdviseView(APIView):
     def post(self, request: Request) -> Response:
         spec = parse_job_spec(request.data, known_flavors=services.known_flavors())
         advice = services.advise_submit(tenant_id=request_tenant_id(request), spec=spec)
-        return Response({"spec": spec.to_dict(), **job_advice_json(advice)})
+        return changed_nothing(Response({"spec": spec.to_dict(), **job_advice_json(advice)}))

@@ -10,13 +10,16 @@ from __future__ import annotations
 import io
 import math
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 import pytest
 from django.test import Client
 from django.utils import timezone
 
+from billing import services as billing
+from billing.models import BudgetAlert, UsageOutbox
 from jobs import services
-from jobs.models import JobEvent, JobState, TrainingJob
+from jobs.models import AdmissionRequest, JobEvent, JobState, TrainingJob
 from runtime.balancing import max_micro_batch
 from runtime.comm.auto import choose_policy, lowrank_numbers
 from runtime.jobspec import parse_job_spec
@@ -231,6 +234,33 @@ def test_a_dry_run_checks_and_advises_and_stores_nothing_not_even_its_key(tenant
     bad = client.post("/api/v1/jobs?dry_run=maybe", SMALL, content_type="application/json")
     assert bad.status_code == 400 and bad.json()["error"]["field"] == "dry_run"
     assert TrainingJob.objects.count() == counts[0] + 1
+
+
+def test_asking_leaves_no_trace_even_for_a_tenant_past_its_budgets(tenants, pool):
+    """The advisor, a dry run and a preview rate the tenant's budgets as the cycle does, but a question
+    raises no budget alert, asks for no cycle, meters nothing and keeps no Idempotency-Key."""
+    acme = tenants[0]
+    billing.set_budgets(acme.id, soft=Decimal("0.00"), hard=Decimal("0.00"))  # spend 0 reaches both
+    client = _client(acme.token)
+
+    def traces() -> tuple[int, ...]:
+        return tuple(
+            model.objects.count()
+            for model in (TrainingJob, JobEvent, IdempotencyKey, BudgetAlert, AdmissionRequest, UsageOutbox)
+        )
+
+    before = traces()
+    for n, path in enumerate(("/api/v1/jobs/advise", "/api/v1/jobs?dry_run=true", "/api/v1/jobs/preview")):
+        response = client.post(path, SMALL, content_type="application/json", headers={"Idempotency-Key": f"q-{n}"})
+        assert response.status_code == 200, response.content
+        assert "hard budget reached" in response.json()["admission"]["reason"], response.json()["admission"]
+    assert traces() == before == (0, 0, 0, 0, 0, 0)
+    # The cycle itself does raise them, once each.
+    services.admit_queued_jobs()
+    assert sorted(BudgetAlert.objects.values_list("level", flat=True)) == []  # nothing of acme's waits yet
+    _submit(acme, "real", 2, ["h100-sxm"])
+    services.admit_queued_jobs()
+    assert sorted(BudgetAlert.objects.values_list("level", flat=True)) == ["hard", "soft"]
 
 
 def test_a_bad_spec_is_refused_with_every_field_named(tenants, pool):
