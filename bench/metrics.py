@@ -12,7 +12,7 @@ it holds, the advisor's speed and accuracy, and how many log lines a job's life 
   the others ended, and every Celery task has counts. A scrape is the whole of the collector's work,
   what ``/metrics`` does, ``controlplane.metrics.scrape`` (every query and the text), timed in this process
   ``trials`` times, the first included. The series
-  are the sample lines of the text; ``label_overflow`` is the overflow counter's total after the scrapes.
+  are the sample lines of the text; ``label_overflow`` is the overflow gauge's total in the last scrape.
 - ``advise_ms_p50`` and ``advise_start_eta_error``: ``bench/_advisor.py`` (its docstring says how).
 - ``log_lines_per_job``: ``polychip demo --no-job`` on the embedded default (SQLite, filesystem broker,
   local backend) at the default log level, then the demo job submitted and followed to ``succeeded``;
@@ -177,7 +177,7 @@ def scrape_figures(trials: int) -> dict[str, Any]:
         print(f"  scrape {trial + 1}/{trials}: {times[-1]:.0f} ms", flush=True)
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
     overflow = sum(
-        float(line.rsplit(" ", 1)[1]) for line in samples if line.startswith("polychip_metrics_label_overflow_total")
+        float(line.rsplit(" ", 1)[1]) for line in samples if line.startswith("polychip_metrics_label_overflow{")
     )
     print(f"  world: {world}; {len(text) / 1e6:.1f} MB of text", flush=True)
     return {

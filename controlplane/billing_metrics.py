@@ -17,6 +17,7 @@ from datetime import datetime
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from billing import services as billing
+from controlplane.monitoring import Tally
 
 
 def families(tenant: Callable[[int], str], now: datetime) -> Iterator[Metric]:
@@ -36,11 +37,12 @@ def families(tenant: Callable[[int], str], now: datetime) -> Iterator[Metric]:
         labels=["tenant", "currency"],
     )
     budget = GaugeMetricFamily("polychip_tenant_budget", "This month's budget", labels=["tenant", "currency", "kind"])
+    spend_tally, budget_tally = Tally(), Tally()
     for status in billing.checked_budgets(now=now):
         slug = tenant(status.tenant_id)
-        spend.add_metric([slug, status.currency], float(status.spend))
+        spend_tally.add([slug, status.currency], float(status.spend))
         for kind, amount in (("soft", status.soft_budget), ("hard", status.hard_budget)):
             if amount is not None:
-                budget.add_metric([slug, status.currency, kind], float(amount))
-    yield spend
-    yield budget
+                budget_tally.add([slug, status.currency, kind], float(amount))
+    yield spend_tally.into(spend)
+    yield budget_tally.into(budget)

@@ -8,7 +8,7 @@ What it says is read from the database at scrape time: by the jobs app's ``metri
 this module (the Celery workers' task counts, the broker's queue): every process of
 the control plane answers the same, and no process keeps metric files. Labels are bounded
 (``controlplane.monitoring``): a value out of its label's set is counted under ``_other`` and in
-``polychip_metrics_label_overflow_total``. docs/monitoring.md lists every family.
+``polychip_metrics_label_overflow``. docs/monitoring.md lists every family.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import gc
 import hmac
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 
 from django.conf import settings
@@ -35,15 +34,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from controlplane import billing_metrics, exposition, taskstats
-from controlplane.monitoring import OTHER, LabelBound
+from controlplane.monitoring import OTHER, HistogramTally, LabelBound, Tally
 from jobs import services as jobs
 from tenants import services as tenants
 
 # The classic text format, which controlplane.exposition writes (prometheus_client's own constant names
 # a newer version of it).
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
-_overflow_lock = threading.Lock()
-_overflow: Counter[str] = Counter()  # label -> values sent to _other, since this process started
 _last_collect_s = 0.0
 
 
@@ -63,14 +60,14 @@ def _task_families(bound: LabelBound) -> Iterator[Metric]:
         "polychip_celery_tasks", "Celery tasks run, by how they ended", labels=["task", "state"]
     )
     runtime = HistogramMetricFamily("polychip_celery_task_runtime_seconds", "Celery task runtimes", labels=["task"])
+    count_tally, runtime_tally = Tally(), HistogramTally(taskstats.RUNTIME_BUCKETS)
     for totals in taskstats.task_totals():
         name = bound("task", totals.task)
         for state in taskstats.OUTCOMES:
-            counts.add_metric([name, state], getattr(totals, state))
-        bounds = [*(str(float(b)) for b in taskstats.RUNTIME_BUCKETS), "+Inf"]
-        runtime.add_metric([name], list(zip(bounds, totals.runtime_buckets, strict=False)), totals.runtime_sum_s)
-    yield counts
-    yield runtime
+            count_tally.add([name, state], getattr(totals, state))
+        runtime_tally.add([name], totals.runtime_buckets, totals.runtime_sum_s)
+    yield count_tally.into(counts)
+    yield runtime_tally.into(runtime)
     workers = GaugeMetricFamily(
         "polychip_celery_workers", f"Celery workers whose heartbeat came within {taskstats.WORKER_ALIVE_S:.0f} s"
     )
@@ -98,16 +95,15 @@ class ControlPlaneCollector(Collector):
         yield from billing_metrics.families(tenant, now)
         yield from _task_families(bound)
 
-        with _overflow_lock:
-            _overflow.update(bound.overflow)
-            totals = dict(_overflow)
-        overflow = CounterMetricFamily(
+        # A gauge of this scrape's misses, not a counter: every process answers /metrics, and a
+        # counter kept in each would go up and down as scrapes land on one process or another.
+        overflow = GaugeMetricFamily(
             "polychip_metrics_label_overflow",
-            "Label values outside their label's set, counted under _other (a scrape counts each)",
+            "Label values outside their label's set in this scrape, shown as _other instead",
             labels=["label"],
         )
-        for label in sorted({"tenant", "task", "job_class", "flavor", *totals}):
-            overflow.add_metric([label], totals.get(label, 0))
+        for label in sorted({"tenant", "task", "job_class", "flavor", *bound.overflow}):
+            overflow.add_metric([label], bound.overflow.get(label, 0))
         yield overflow
         took = GaugeMetricFamily("polychip_metrics_collect_seconds", "How long the previous scrape's reads took")
         took.add_metric([], _last_collect_s)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, transaction
+from django.db import Error, close_old_connections, transaction
 from django.utils import timezone
 
 from controlplane.models import TaskCounter, WorkerBeat
@@ -51,6 +51,12 @@ class _Tally:
         self.runtime_sum_s += runtime_s
         index = next((i for i, bound in enumerate(RUNTIME_BUCKETS) if runtime_s <= bound), len(RUNTIME_BUCKETS))
         self.runtime_counts[index] += 1
+
+    def merge(self, other: _Tally) -> None:
+        for outcome, count in other.outcomes.items():
+            self.outcomes[outcome] += count
+        self.runtime_sum_s += other.runtime_sum_s
+        self.runtime_counts = [a + b for a, b in zip(self.runtime_counts, other.runtime_counts, strict=True)]
 
 
 class _Recorder:
@@ -84,9 +90,10 @@ class _Recorder:
         tallies, self.tallies = self.tallies, {}
         try:
             _fold(tallies, self.hostname, timezone.now())
-        except DatabaseError:
+        except Error:  # DatabaseError, or InterfaceError for a connection that went away
             logger.warning("task counts not saved; kept for the next flush", exc_info=True)
-            self.tallies = tallies  # nothing was counted meanwhile: a worker process runs one task at a time
+            for name, tally in tallies.items():  # merged with any counted meanwhile (a thread pool)
+                self.tallies.setdefault(name, _Tally()).merge(tally)
 
 
 def _fold(tallies: dict[str, _Tally], hostname: str, now: datetime) -> None:
@@ -118,6 +125,7 @@ def connect_signals() -> None:
 
 
 HEARTBEAT_EVERY_S = 15.0
+FORGET_WORKER_AFTER_S = 86400.0
 
 
 def start_heartbeat(hostname: str, every_s: float = HEARTBEAT_EVERY_S) -> tuple[threading.Event, threading.Thread]:
@@ -130,8 +138,11 @@ def start_heartbeat(hostname: str, every_s: float = HEARTBEAT_EVERY_S) -> tuple[
     def beat() -> None:
         while True:
             try:
-                WorkerBeat.objects.update_or_create(hostname=hostname, defaults={"seen_at": timezone.now()})
-            except DatabaseError:
+                now = timezone.now()
+                WorkerBeat.objects.update_or_create(hostname=hostname, defaults={"seen_at": now})
+                # Workers that left a day ago are gone for good (a node name per pod): their rows go too.
+                WorkerBeat.objects.filter(seen_at__lt=now - timedelta(seconds=FORGET_WORKER_AFTER_S)).delete()
+            except Error:
                 logger.warning("worker heartbeat not saved", exc_info=True)
             finally:
                 close_old_connections()

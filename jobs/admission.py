@@ -181,14 +181,16 @@ WAIT_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 
 
 
 def _count_waits(admitted: Iterable[int], pending: Iterable[PendingJob], now: datetime) -> None:
-    """Add each admitted job's wait since submission to its tenant's and band's histogram (the
-    admission lock is held, so no other cycle adds at the same time)."""
+    """Add each admitted job's wait since it last entered the queue to its tenant's and band's
+    histogram (a preempted job's first wait was counted when it was first admitted; the admission
+    lock is held, so no other cycle adds at the same time)."""
     by_id = {job.job_id: job for job in pending}
     waits: dict[tuple[int, str], list[float]] = defaultdict(list)
     for job_id in admitted:
         job = by_id.get(job_id)
         if job is not None:
-            waits[(job.tenant_id, priority_band(job.priority))].append(max(0.0, now.timestamp() - job.submitted_at))
+            since = job.submitted_at if job.queued_at is None else job.queued_at
+            waits[(job.tenant_id, priority_band(job.priority))].append(max(0.0, now.timestamp() - since))
     for (tenant_id, band), seconds in sorted(waits.items()):
         row, _ = AdmissionWait.objects.select_for_update().get_or_create(tenant_id=tenant_id, band=band)
         buckets = list(row.buckets) or [0] * (len(WAIT_BUCKETS) + 1)

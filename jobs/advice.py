@@ -56,7 +56,7 @@ from jobs.throughput import throughput_matrix
 from runtime.balancing import BalancingError, max_micro_batch, proportional_split
 from runtime.comm.auto import choose_policy, exchange_members, lowrank_numbers
 from runtime.inventory.steptime import LinkModel
-from runtime.jobspec import JobSpec, WorkloadSpec
+from runtime.jobspec import BUILTIN_MODELS, JobSpec, WorkloadSpec
 from runtime.recovery.advisor import advise as advise_intervals
 from runtime.recovery.advisor import job_mtbf_s
 from runtime.scheduling import AdmittedJob, PendingJob, Snapshot
@@ -95,7 +95,7 @@ def advise(*, tenant_id: int, spec: JobSpec, now: datetime | None = None) -> Job
         admission=admission,
         start=start,
         batch=_batch(spec, flavors, placement, where, table),
-        checkpoint=_checkpoint(spec, step_time_s, placement),
+        checkpoint=_checkpoint(tenant_id, spec, step_time_s, placement),
         comm=_comm(spec, flavors, placement),
         cost=_cost(tenant_id, spec, placement, where),
     )
@@ -185,7 +185,12 @@ def _admission_and_start(
 
 def _start(forecast: Forecast, started: float | None, now: datetime) -> StartAdvice:
     if started is None:
-        if forecast.endless:
+        if forecast.cut_short:
+            why = (
+                f"the queue is too deep to play forward at submit time: {forecast.cycles:,} scheduling cycles "
+                f"reached {_duration(forecast.until - now.timestamp())} ahead without starting it"
+            )
+        elif forecast.endless:
             why = (
                 f"{len(forecast.endless)} job(s) holding devices have no end estimate (no measured speed, and no "
                 "throughput figure for their class), and those that do end do not free enough"
@@ -334,10 +339,12 @@ def _balancing_weights(
 # --- checkpoints -----------------------------------------------------------------------------------
 
 
-def _checkpoint(spec: JobSpec, step_time_s: float | None, placement: Mapping[str, int]) -> CheckpointAdvice:
+def _checkpoint(
+    tenant_id: int, spec: JobSpec, step_time_s: float | None, placement: Mapping[str, int]
+) -> CheckpointAdvice:
     asked = spec.checkpoint
     spec_says = f"weights every {asked.weights_every:,} steps and optimizer state every {asked.optimizer_every:,}"
-    save_cost_s, saves_seen = _measured_save_cost_s(spec.workload.job_class)
+    save_cost_s, saves_seen = _measured_save_cost_s(tenant_id, spec.workload.job_class)
     missing = []
     if step_time_s is None:
         missing.append(
@@ -388,13 +395,14 @@ def _checkpoint(spec: JobSpec, step_time_s: float | None, placement: Mapping[str
     )
 
 
-def _measured_save_cost_s(job_class: str) -> tuple[float | None, int]:
-    """The median stall of a save over the recent jobs of ``job_class`` that reported saves, and how many."""
-    recent = (
-        TrainingJob.objects.filter(job_class=job_class, recovery__has_key="checkpoints")
-        .order_by("-pk")
-        .values_list("recovery", flat=True)[:RECENT_JOBS]
-    )
+def _measured_save_cost_s(tenant_id: int, job_class: str) -> tuple[float | None, int]:
+    """The median stall of a save over the recent jobs of ``job_class`` that reported saves, and how many.
+    A built-in model's saves are the same code whoever ran it; user code's class is the tenant's own, and
+    only its own jobs are read (another tenant's jobs, even their count, are not its to see)."""
+    jobs = TrainingJob.objects.filter(job_class=job_class, recovery__has_key="checkpoints")
+    if job_class not in BUILTIN_MODELS:
+        jobs = jobs.filter(tenant_id=tenant_id)
+    recent = jobs.order_by("-pk").values_list("recovery", flat=True)[:RECENT_JOBS]
     stalls = [
         saves["stall_ms_sum"] / saves["count"] / 1000.0
         for recovery in recent

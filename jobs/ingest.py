@@ -250,15 +250,26 @@ def _fold(job: TrainingJob, event: TelemetryEvent) -> set[str]:
 def _store_readings(job: TrainingJob, events: Sequence[TelemetryEvent]) -> None:
     """Append each device's new health rows (from its rank's heartbeats) to its recent history. Only
     for the devices this job holds: its token speaks for them and no others."""
-    rows: dict[str, list[list[float]]] = {}
+    heartbeats: dict[str, list[TelemetryEvent]] = {}
     for event in sorted(events, key=lambda e: e.ts):
         if event.device_readings and event.device_id:
-            rows.setdefault(event.device_id, []).extend(list(row) for row in event.device_readings)
-    if not rows:
+            heartbeats.setdefault(event.device_id, []).append(event)
+    if not heartbeats:
         return
-    held = Device.objects.filter(allocations__job=job, allocations__ended_at__isnull=True, device_id__in=sorted(rows))
+    held = Device.objects.filter(
+        allocations__job=job, allocations__ended_at__isnull=True, device_id__in=sorted(heartbeats)
+    )
     for device in locks.devices(held):
-        fresh = rows[device.device_id]
+        # Only heartbeats newer than the last stored one: a retried batch is not counted again.
+        newer = [
+            e
+            for e in heartbeats[device.device_id]
+            if device.readings_event_ts is None or e.ts > device.readings_event_ts
+        ]
+        if not newer:
+            continue
+        fresh = [list(row) for event in newer for row in event.device_readings or ()]
+        device.readings_event_ts = newer[-1].ts
         device.health_readings = (list(device.health_readings) + fresh)[-KEEP_READINGS:]
         device.readings_at = timezone.now()
         device.unscored_rows += len(fresh)
@@ -273,6 +284,7 @@ def _store_readings(job: TrainingJob, events: Sequence[TelemetryEvent]) -> None:
                 "last_reading",
                 "ecc_errors_total",
                 "pcie_errors_total",
+                "readings_event_ts",
             ]
         )
 

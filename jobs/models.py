@@ -80,6 +80,9 @@ class Device(models.Model):
     last_reading = models.JSONField(default=list, blank=True)  # the newest row of health_readings, for a scrape
     ecc_errors_total = models.BigIntegerField(default=0)
     pcie_errors_total = models.BigIntegerField(default=0)
+    # The time (the rank's clock, unix seconds) of the newest heartbeat whose readings were stored: a
+    # batch that a worker sends again after a lost answer adds no row and no error twice.
+    readings_event_ts = models.FloatField(null=True, blank=True)
     # Failures of jobs that pointed at this device but were not evidence enough to mark it failed (a
     # lost heartbeat): [{"job", "at" (unix time), "cause"}], the newest last (jobs.recovery).
     suspicions = models.JSONField(default=list, blank=True)

@@ -28,7 +28,7 @@ from django.db.models import Count, Min
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from controlplane.exposition import LineGauge, label_text
-from controlplane.monitoring import OTHER, LabelBound
+from controlplane.monitoring import OTHER, HistogramTally, LabelBound, Tally
 from jobs.admission import WAIT_BUCKETS
 from jobs.models import (
     AdmissionLock,
@@ -208,22 +208,22 @@ def _admission(tenant: Any, now: datetime) -> Iterator[Metric]:
         "Time from submission to admission of the jobs admitted",
         labels=["tenant", "priority"],
     )
+    wait_tally = HistogramTally(WAIT_BUCKETS)
     for row in AdmissionWait.objects.order_by("tenant_id", "band"):
         cumulative = list(row.buckets) or [0] * (len(WAIT_BUCKETS) + 1)
-        buckets = [(str(float(b)), c) for b, c in zip(WAIT_BUCKETS, cumulative, strict=False)]
-        buckets.append(("+Inf", cumulative[-1]))
-        waits.add_metric([tenant(row.tenant_id), row.band], buckets, row.sum_s)
-    yield waits
+        wait_tally.add([tenant(row.tenant_id), row.band], [*cumulative[: len(WAIT_BUCKETS)], cumulative[-1]], row.sum_s)
+    yield wait_tally.into(waits)
 
     live = GaugeMetricFamily("polychip_jobs", "Jobs in each live state", labels=["tenant", "state"])
     finished = CounterMetricFamily("polychip_jobs_finished", "Jobs that ended, by how", labels=["tenant", "state"])
     by_state = (
         TrainingJob.objects.values_list("tenant_id", "state").annotate(n=Count("id")).order_by("tenant_id", "state")
     )
+    live_tally, finished_tally = Tally(), Tally()
     for tenant_id, state, count in by_state:
-        (finished if state in FINISHED_STATES else live).add_metric([tenant(tenant_id), state], count)
-    yield live
-    yield finished
+        (finished_tally if state in FINISHED_STATES else live_tally).add([tenant(tenant_id), state], count)
+    yield live_tally.into(live)
+    yield finished_tally.into(finished)
 
     pending = GaugeMetricFamily("polychip_pending_jobs", "Queued jobs by why they wait", labels=["tenant", "reason"])
     classes: dict[tuple[str, str], int] = defaultdict(int)
@@ -248,12 +248,13 @@ def _admission(tenant: Any, now: datetime) -> Iterator[Metric]:
     firsts = (
         TrainingJob.objects.filter(state=JobState.QUEUED)
         .values_list("tenant_id")
-        .annotate(first=Min("created_at"))
+        .annotate(first=Min("state_changed_at"))  # since it last entered the queue
         .order_by("tenant_id")
     )
+    oldest_tally = Tally(combine=max)
     for tenant_id, first in firsts:
-        oldest.add_metric([tenant(tenant_id)], max(0.0, (now - first).total_seconds()))
-    yield oldest
+        oldest_tally.add([tenant(tenant_id)], max(0.0, (now - first).total_seconds()))
+    yield oldest_tally.into(oldest)
 
     lock = AdmissionLock.objects.filter(pk=1).values_list("last_cycle_at", "last_cycle_s").first()
     cycle = GaugeMetricFamily("polychip_admission_cycle_seconds", "How long the last admission cycle took")
@@ -324,16 +325,18 @@ def _quotas(tenant: Any) -> Iterator[Metric]:
     def show(resource: str, amount: int) -> float:
         return amount / MILLI if resource == NAU else float(amount)
 
+    tallies = [Tally() for _ in gauges]
     for tenant_id in sorted(quotas):
         usage = ledger.usage(tenant_id)
         slug = tenant(tenant_id)
         for resource, limit in sorted(quotas[tenant_id].limits.items()):
             in_use = usage.get(resource, 0)
             values = (limit.nominal, limit.borrowing_limit, in_use, max(0, in_use - limit.nominal))
-            for gauge, value in zip(gauges, values, strict=True):
+            for tally, value in zip(tallies, values, strict=True):
                 if value is not None:
-                    gauge.add_metric([slug, resource], show(resource, value))
-    yield from gauges
+                    tally.add([slug, resource], show(resource, value))
+    for gauge, tally in zip(gauges, tallies, strict=True):
+        yield tally.into(gauge)
 
 
 # --- application ---------------------------------------------------------------------------------
@@ -443,8 +446,9 @@ def _running(bound: LabelBound, tenant: Any, now: datetime) -> Iterator[Metric]:
         .annotate(n=Count("allocations"))
         .order_by()
     )
+    held_tally = Tally()
     for tenant_id, count in holding:
-        held.add_metric([tenant(tenant_id)], count)
+        held_tally.add([tenant(tenant_id)], count)
     yield rate
     yield goodput
-    yield held
+    yield held_tally.into(held)

@@ -94,7 +94,7 @@ def pending_jobs() -> list[PendingJob]:
     # thousands of waiting jobs and needs nothing else of their specs.
     queued = TrainingJob.objects.filter(pk__in=_window_ids(settings.POLYCHIP_ADMISSION_WINDOW_PER_TENANT))
     rows = queued.values_list(
-        "pk", "tenant_id", "priority", "created_at", "spec__devices", "spec__flavors", "job_class"
+        "pk", "tenant_id", "priority", "created_at", "state_changed_at", "spec__devices", "spec__flavors", "job_class"
     )
     return [
         PendingJob(
@@ -105,8 +105,9 @@ def pending_jobs() -> list[PendingJob]:
             devices=int(devices),
             flavors=tuple(flavors),
             job_class=job_class,
+            queued_at=queued_at.timestamp(),
         )
-        for pk, tenant_id, priority, created_at, devices, flavors, job_class in rows
+        for pk, tenant_id, priority, created_at, queued_at, devices, flavors, job_class in rows
     ]
 
 

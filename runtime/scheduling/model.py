@@ -51,6 +51,9 @@ class PendingJob:
     devices: int
     flavors: tuple[str, ...]  # allowed flavors, in the job's order of preference
     job_class: str
+    # When it last entered the queue (seconds; None: at submission). A preempted job keeps its place by
+    # ``submitted_at`` but waits anew from here: the admission wait that operators watch counts this wait.
+    queued_at: float | None = None
 
 
 @dataclass(frozen=True)

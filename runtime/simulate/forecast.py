@@ -19,6 +19,7 @@ control plane's next cycle would admit the job that made room.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -31,6 +32,10 @@ __all__ = ["DEFAULT_HORIZON_S", "Forecast", "Work", "forecast_starts"]
 DEFAULT_HORIZON_S = 30 * 86400.0
 # Evictions at one instant settle in a cycle or two (``runtime.simulate.admission`` has the same bound).
 MAX_CYCLES_PER_INSTANT = 20
+# An answer at submit time must come in a second or two, however deep the queue: the replay stops
+# after this many scheduling cycles or this much wall time and says so (``Forecast.cut_short``).
+MAX_CYCLES = 5000
+DEFAULT_BUDGET_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class Forecast:
     admitted: int
     cycles: int
     until: float
+    cut_short: bool = False  # the cycle or time budget ran out before the watched jobs started
 
 
 def forecast_starts(
@@ -73,9 +79,12 @@ def forecast_starts(
     blend: float = 0.5,
     policy: Policy | None = None,
     horizon_s: float = DEFAULT_HORIZON_S,
+    max_cycles: int = MAX_CYCLES,
+    budget_s: float = DEFAULT_BUDGET_S,
 ) -> Forecast:
     """Replay ``snapshot`` until every job in ``watch`` has started, no job is left to end, or
-    ``horizon_s`` has passed. ``ends_at``: when each holding job ends (None or missing: unknown);
+    ``horizon_s`` has passed, or ``max_cycles`` cycles or ``budget_s`` seconds of wall time are spent
+    (``cut_short``). ``ends_at``: when each holding job ends (None or missing: unknown);
     ``work``: each waiting job's (missing: it runs without an end estimate once admitted)."""
     now = snapshot.now
     pending: dict[int, PendingJob] = {job.job_id: job for job in snapshot.pending}
@@ -89,6 +98,8 @@ def forecast_starts(
     placements: dict[int, tuple[FreeDevice, ...]] = {}
     endless = {job_id for job_id in running if job_id not in ends}
     cycles = ended = admitted = 0
+    deadline = time.perf_counter() + budget_s
+    cut_short = False
 
     while True:
         for _ in range(MAX_CYCLES_PER_INSTANT):
@@ -139,6 +150,9 @@ def forecast_starts(
                 break
         if not waiting_for or not ends:
             break
+        if cycles >= max_cycles or time.perf_counter() > deadline:
+            cut_short = True
+            break
         now = min(ends.values())
         if now > snapshot.now + horizon_s:
             break
@@ -154,4 +168,5 @@ def forecast_starts(
         admitted=admitted,
         cycles=cycles,
         until=now,
+        cut_short=cut_short,
     )

@@ -124,13 +124,19 @@ def test_device_readings_become_dcgm_named_series_and_error_totals(tenants, pool
         "device_id": device.device_id,
         "device_readings": rows,
     }
-    response = Client().post(
-        f"/api/v1/ingest/jobs/{job_id}/telemetry",
-        {"events": [heartbeat]},
-        content_type="application/json",
-        headers={"Authorization": f"Bearer {services.ingest_token(job)}"},
-    )
-    assert response.status_code == 200, response.content
+
+    def send(*events: dict) -> None:
+        response = Client().post(
+            f"/api/v1/ingest/jobs/{job_id}/telemetry",
+            {"events": list(events)},
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {services.ingest_token(job)}"},
+        )
+        assert response.status_code == 200, response.content
+
+    send(heartbeat)
+    send(heartbeat)  # the worker sent it again after a lost answer: nothing is counted twice
+    assert len(Device.objects.get(pk=device.pk).health_readings) == 2
 
     text = scrape()
     labels = {"device": device.device_id, "flavor": "tpu-v4", "vendor": "google", "node": device.node.name}
@@ -144,6 +150,11 @@ def test_device_readings_become_dcgm_named_series_and_error_totals(tenants, pool
     silent = Device.objects.exclude(pk=device.pk).first()
     assert value(text, "DCGM_FI_DEV_FB_TOTAL", device=silent.device_id) == silent.memory_gib * 1024
     assert value(text, "DCGM_FI_DEV_GPU_TEMP", device=silent.device_id) is None
+    # A newer heartbeat adds its readings, retried or not.
+    newer = {**heartbeat, "ts": heartbeat["ts"] + 60, "device_readings": [[*{**row, "ecc_errors": 1}.values()]]}
+    send(heartbeat, newer)
+    send(newer)
+    assert value(scrape(), "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", **labels) == 6
 
     services.set_device_health([device.device_id], "cordoned", by="ops")
     text = scrape()
@@ -198,6 +209,12 @@ def test_a_budgeted_tenants_spend_is_what_the_budget_check_last_rated(tenants, p
 
 
 def test_a_worker_is_counted_alive_from_its_heartbeat_with_no_task_run():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    long_gone = timezone.now() - timedelta(days=2)
+    WorkerBeat.objects.create(hostname="celery@old-pod", seen_at=long_gone)
     stop, thread = taskstats.start_heartbeat("celery@idle", every_s=0.1)
     try:
         deadline = time.monotonic() + 10
@@ -212,3 +229,43 @@ def test_a_worker_is_counted_alive_from_its_heartbeat_with_no_task_run():
         thread.join(timeout=10)  # its last stamp lands before the test's tables are emptied
     assert not thread.is_alive()
     assert value(scrape(), "polychip_celery_workers") == 1
+    assert not WorkerBeat.objects.filter(hostname="celery@old-pod").exists()  # a day gone: forgotten
+
+
+def test_values_that_fall_into_other_add_up_into_one_series_and_the_scrape_shows_the_misses():
+    # Rows left by tasks this code no longer has (a renamed task, a newer worker): one _other series.
+    for name, runs in (("gone.tasks.one", 1), ("gone.tasks.two", 2)):
+        buckets = [runs] * (len(taskstats.RUNTIME_BUCKETS) + 1)  # cumulative, +Inf last: every run under 5 ms
+        TaskCounter.objects.create(task=name, succeeded=runs, runtime_sum_s=0.5, runtime_buckets=buckets)
+    text = scrape()
+    others = [
+        line for line in text.splitlines() if line.startswith("polychip_celery_tasks_total{") and "_other" in line
+    ]
+    assert others == [
+        'polychip_celery_tasks_total{state="failed",task="_other"} 0.0',
+        'polychip_celery_tasks_total{state="retried",task="_other"} 0.0',
+        'polychip_celery_tasks_total{state="succeeded",task="_other"} 3.0',
+    ]
+    assert value(text, "polychip_celery_task_runtime_seconds_count", task="_other") == 3
+    assert value(text, "polychip_celery_task_runtime_seconds_bucket", task="_other", le="0.005") == 3
+    assert value(text, "polychip_celery_task_runtime_seconds_sum", task="_other") == 1.0
+    # The overflow gauge counts this scrape's misses, and the next scrape counts its own, not a sum.
+    assert value(text, "polychip_metrics_label_overflow", label="task") == 2
+    assert value(scrape(), "polychip_metrics_label_overflow", label="task") == 2
+    assert value(text, "polychip_metrics_label_overflow", label="tenant") == 0
+
+
+def test_a_requeued_job_waits_from_when_it_came_back_not_from_its_submission(tenants, pool):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    acme = tenants[0]
+    job_id = services.submit_job(tenant_id=acme.id, user_id=None, spec=parse_job_spec(SPEC)).id
+    # Submitted two hours ago, preempted and queued again a moment ago: it has waited seconds, not hours.
+    TrainingJob.objects.filter(pk=job_id).update(created_at=timezone.now() - timedelta(hours=2))
+    assert value(scrape(), "polychip_oldest_pending_job_age_seconds", tenant="acme") < 60
+    assert services.admit_queued_jobs() == [job_id]
+    text = scrape()
+    assert value(text, "polychip_admission_wait_seconds_bucket", tenant="acme", priority="normal", le="60.0") == 1
+    assert value(text, "polychip_admission_wait_seconds_sum", tenant="acme", priority="normal") < 60

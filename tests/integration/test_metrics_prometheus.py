@@ -151,7 +151,7 @@ def test_prometheus_scrapes_all_three_levels_while_a_job_trains(prometheus, metr
     assert query(prometheus, 'polychip_quota_usage{tenant="acme",resource="nau"} > 0')
     assert query(prometheus, 'polychip_jobs{tenant="acme",state="running"} == 1')
     assert query(prometheus, "polychip_usage_outbox_oldest_age_seconds")
-    assert float(query(prometheus, "sum(polychip_metrics_label_overflow_total)")[0]["value"][1]) == 0
+    assert float(query(prometheus, "sum(polychip_metrics_label_overflow)")[0]["value"][1]) == 0
 
     # The job ends: its series go at the next scrape (Prometheus marks them stale), the counts stay.
     assert api.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200

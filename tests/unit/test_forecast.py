@@ -86,3 +86,21 @@ def test_a_job_that_starts_at_once_starts_now():
     state = snapshot(queue=[pending(20, 1, 2)], running=[], free=DEVICES)
     forecast = forecast_starts(state, ends_at={}, work={}, watch=(20,))
     assert forecast.starts == {20: NOW} and forecast.cycles == 1
+
+
+def test_a_cycle_or_time_budget_cuts_a_deep_replay_short_and_says_so():
+    state = snapshot(
+        queue=[pending(20, 1, 3), pending(21, 1, 2, submitted_at=NOW - 50)],
+        running=[holding(10, 2, DEVICES[:2]), holding(11, 2, DEVICES[2:])],
+        free=[],
+    )
+    args = {
+        "ends_at": {10: NOW + 100, 11: NOW + 300},
+        "work": {20: Work(6000.0, {"a100": 10.0}), 21: Work(100.0, {"a100": 10.0})},
+        "watch": (20, 21),
+    }
+    whole = forecast_starts(state, **args)
+    assert not whole.cut_short and whole.cycles > 1
+    one = forecast_starts(state, **args, max_cycles=1)
+    assert one.cut_short and one.cycles == 1 and one.starts == {}
+    assert forecast_starts(state, **args, budget_s=0.0).cut_short

@@ -75,3 +75,55 @@ def test_who_changed_a_devices_health_and_what_class_a_job_is():
     assert label_class("charlm") == "charlm"
     assert label_class("python:0a1b2c3d4e5f:train.py") == "python"
     assert label_class("container:registry/img:1") == "container"
+
+
+def test_tallies_add_up_rows_whose_labels_fell_into_the_same_bucket():
+    from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+
+    from controlplane.monitoring import HistogramTally, Tally
+
+    summed, largest = Tally(), Tally(combine=max)
+    for labels, value in ((["acme"], 1), ([OTHER], 2), ([OTHER], 3)):
+        summed.add(labels, value)
+        largest.add(labels, value)
+    family = summed.into(GaugeMetricFamily("held", "", labels=["tenant"]))
+    assert [(s.labels["tenant"], s.value) for s in family.samples] == [("_other", 5.0), ("acme", 1.0)]
+    assert [s.value for s in largest.into(GaugeMetricFamily("age", "", labels=["tenant"])).samples] == [3.0, 1.0]
+
+    waits = HistogramTally([1, 5])
+    waits.add([OTHER], [1, 2, 2], 3.0)
+    waits.add([OTHER], [0, 1, 3], 9.0)
+    samples = waits.into(HistogramMetricFamily("wait", "", labels=["tenant"])).samples
+    assert [(s.name, s.labels.get("le"), s.value) for s in samples] == [
+        ("wait_bucket", "1.0", 1),
+        ("wait_bucket", "5.0", 3),
+        ("wait_bucket", "+Inf", 5),
+        ("wait_count", None, 5),
+        ("wait_sum", None, 12.0),
+    ]
+
+
+def test_task_counts_a_flush_could_not_save_are_kept_and_merged_with_later_ones(monkeypatch):
+    from django.db import InterfaceError
+
+    from controlplane import taskstats
+
+    recorder = taskstats._Recorder()
+    recorder.enabled = True
+    recorder.started["a"] = 0.0
+    recorder.end("a", "jobs.tasks.x", "SUCCESS", "celery@h")
+
+    def down(*args: object) -> None:
+        raise InterfaceError("connection already closed")
+
+    monkeypatch.setattr(taskstats, "_fold", down)
+    recorder.flush()
+    assert recorder.tallies["jobs.tasks.x"].outcomes["succeeded"] == 1
+    recorder.started["b"] = 0.0
+    recorder.end("b", "jobs.tasks.x", "FAILURE", "celery@h")
+    saved: list[dict] = []
+    monkeypatch.setattr(taskstats, "_fold", lambda tallies, host, now: saved.append(tallies))
+    recorder.flush()
+    (tallies,) = saved
+    assert tallies["jobs.tasks.x"].outcomes == {"succeeded": 1, "failed": 1, "retried": 0}
+    assert sum(tallies["jobs.tasks.x"].runtime_counts) == 2 and not recorder.tallies
