@@ -53,6 +53,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, bench/ heads sys.path, and bench/kubernetes.py would shadow the kubernetes client.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 DB_NAME = "polychip_bench_billing"

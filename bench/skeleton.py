@@ -32,6 +32,8 @@ import requests
 import websockets
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, bench/ heads sys.path, and bench/kubernetes.py would shadow the kubernetes client.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 from controlplane.cli.api import Api as Client  # noqa: E402

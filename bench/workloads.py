@@ -42,6 +42,8 @@ from typing import Any
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, bench/ heads sys.path, and bench/kubernetes.py would shadow the kubernetes client.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 from bench.hardening import _embedded_env  # noqa: E402
