@@ -257,7 +257,7 @@ class AdmissionLock(models.Model):
 
 
 class AdmissionWait(models.Model):
-    """How long admitted jobs had waited since they were submitted, per tenant and priority band, as a
+    """How long admitted jobs had waited since they last entered the queue, per tenant and priority band, as a
     cumulative histogram that only grows: each cycle adds the jobs it admitted (under the admission
     lock, so cycles never race on it). /metrics exports it as polychip_admission_wait_seconds."""
 

@@ -12,6 +12,7 @@ and reason, and the next one its row, in the same transaction.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -135,32 +136,47 @@ def claim_many(
     if not moves:
         return [], []
     locked = locks.jobs((m.job_id for m in moves), fields=("pk", "state", "tenant_id", "attempt"))
-    won: list[TrainingJob] = []
-    lost: list[int] = []
-    events: list[JobEvent] = []
-    for move in moves:
-        job = locked.get(move.job_id)
-        if (
-            job is None
-            or job.state != from_state
-            or TrainingJob.objects.filter(pk=job.pk, state=from_state).update(
-                state=to_state, state_changed_at=now, **move.fields
-            )
-            != 1
-        ):
-            lost.append(move.job_id)
-            continue
-        events.append(
-            JobEvent(
-                job_id=job.pk,
-                tenant_id=job.tenant_id,
-                kind=JobEvent.Kind.TRANSITION,
-                from_state=from_state,
-                to_state=to_state,
-                message=move.message[:500],
-                data=dict(move.data),
-            )
+    claimed = [(locked[m.job_id], m) for m in moves if m.job_id in locked and locked[m.job_id].state == from_state]
+    lost = [m.job_id for m in moves if m.job_id not in locked or locked[m.job_id].state != from_state]
+    if not claimed:
+        return [], lost
+    # The rows are locked and in ``from_state``: nothing can move them before this transaction ends, so
+    # the claim is a few set-wise UPDATEs, not one per job (a cycle claims a thousand jobs at scale).
+    # Fields with one value for every job go in one UPDATE; the rest, per job, in a batched one.
+    keys = sorted({key for _, move in claimed for key in move.fields})
+    shared = {
+        key: claimed[0][1].fields[key]
+        for key in keys
+        if all(key in move.fields and move.fields[key] == claimed[0][1].fields[key] for _, move in claimed)
+    }
+    moved = TrainingJob.objects.filter(pk__in=[job.pk for job, _ in claimed], state=from_state).update(
+        state=to_state, state_changed_at=now, **shared
+    )
+    if moved != len(claimed):  # a row lock that did not hold: undo the cycle rather than part of it
+        raise RuntimeError(f"claimed {moved} of {len(claimed)} locked jobs")
+    varying = [key for key in keys if key not in shared]
+    if varying:
+        # One UPDATE per distinct set of the remaining values (a demand and a borrowing flag take few
+        # distinct values across a cycle): Django's bulk_update builds a CASE per row, slower here.
+        groups: dict[str, tuple[dict[str, Any], list[int]]] = {}
+        for job, move in claimed:
+            values = {key: move.fields.get(key) for key in varying}
+            key = json.dumps(values, sort_keys=True, default=str)
+            groups.setdefault(key, (values, []))[1].append(job.pk)
+        for values, ids in groups.values():
+            TrainingJob.objects.filter(pk__in=ids).update(**values)
+    JobEvent.objects.bulk_create(
+        JobEvent(
+            job_id=job.pk,
+            tenant_id=job.tenant_id,
+            kind=JobEvent.Kind.TRANSITION,
+            from_state=from_state,
+            to_state=to_state,
+            message=move.message[:500],
+            data=dict(move.data),
         )
-        won.append(job)
-    JobEvent.objects.bulk_create(events)
-    return won, lost
+        for job, move in claimed
+    )
+    for job, _ in claimed:
+        job.state = to_state
+    return [job for job, _ in claimed], lost
