@@ -13,7 +13,8 @@ Pure decisions (no torch, no I/O, no clock): the worker measures, this module de
   ``predicted`` being an exponentially weighted estimate of each rank's measured samples per second;
   it re-splits when the split those weights give would run faster than the current one, on the
   predicted speeds, by more than a threshold for several checks in a row (hysteresis, so it does not
-  flap), and reports a rank that stays far slower than its score promises (a straggler).
+  flap), or by a smaller margin for many checks in a row (a lasting small loss is worth a re-split),
+  and reports a rank that stays far slower than its score promises (a straggler).
 """
 
 from __future__ import annotations
@@ -218,6 +219,11 @@ class BalancerConfig:
     trust_steps: int = 3  # blend "trust": a decays as score_weight * trust_steps / (trust_steps + observations)
     threshold: float = 0.05  # re-split when the target split would be this much faster on the predicted speeds ...
     patience: int = 3  # ... for this many checks in a row
+    # A smaller gain is taken too once it has lasted: a split left a couple of percent short after a
+    # drift costs that much on every step for the rest of the run, and one re-split costs one step's
+    # reshuffle. Noise does not last this long above it (the predicted speeds are smoothed).
+    small_threshold: float = 0.015
+    small_patience: int = 25
     ewma: float = 0.5  # weight of the newest measurement in ``predicted``
     straggler_ratio: float = 0.5  # slower than this share of what its score promises ...
     straggler_patience: int = 10  # ... for this many checks in a row: reported
@@ -233,7 +239,11 @@ class BalancerConfig:
                 raise BalancingError(f"balancing.{name}", f"must be between 0 and 1, got {value}")
         if not 0 < self.threshold < 1:
             raise BalancingError("balancing.threshold", f"must be between 0 and 1, got {self.threshold}")
-        for name in ("patience", "straggler_patience", "trust_steps"):
+        if not 0 < self.small_threshold <= self.threshold:
+            raise BalancingError(
+                "balancing.small_threshold", f"must be above 0 and at most threshold ({self.threshold})"
+            )
+        for name in ("patience", "small_patience", "straggler_patience", "trust_steps"):
             if getattr(self, name) < 1:
                 raise BalancingError(f"balancing.{name}", "must be >= 1")
 
@@ -274,6 +284,7 @@ class Balancer:
     _predicted: list[float] = field(init=False, default_factory=list)
     _observations: int = field(init=False, default=0)
     _drifting: int = field(init=False, default=0)
+    _lingering: int = field(init=False, default=0)  # checks in a row with a gain above small_threshold
     _slow: list[int] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -338,6 +349,15 @@ class Balancer:
         gain = balance_efficiency(target.per_rank(), self._predicted) / efficiency - 1 if efficiency > 0 else 0.0
         if gain <= self.config.threshold:
             self._drifting = 0
+            self._lingering = self._lingering + 1 if gain > self.config.small_threshold else 0
+            if self._lingering >= self.config.small_patience:
+                self._lingering = 0
+                self._split = target
+                reason = (
+                    f"re-split at step {step}: {gain:.1%} faster on the measured speeds, "
+                    f"{self.config.small_patience} checks in a row"
+                )
+                return Decision(target, True, reason, stragglers, self.predicted, efficiency)
             return Decision(
                 self._split,
                 False,
@@ -350,7 +370,7 @@ class Balancer:
         if self._drifting < self.config.patience:
             reason = f"a re-split would gain {gain:.1%}: {self._drifting} of {self.config.patience} checks"
             return Decision(self._split, False, reason, stragglers, self.predicted, efficiency, self._drifting)
-        self._drifting = 0
+        self._drifting = self._lingering = 0
         self._split = target
         reason = (
             f"re-split at step {step}: {gain:.1%} faster on the measured speeds, {self.config.patience} checks in a row"

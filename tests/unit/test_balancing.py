@@ -136,3 +136,27 @@ def test_config_errors_name_the_field():
     assert BalancerConfig.from_json(None) == BalancerConfig()
     with pytest.raises(BalancingError, match="samples_per_s: has 2 entries"):
         Balancer(BalancerConfig(), 96, [1, 1, 1]).observe(1, [1, 1])
+
+
+def test_a_small_gain_that_lasts_is_taken_and_a_passing_one_is_not():
+    # Rank 1 drifts to 96% of its speed: the proportional split is then 2.7% short, under the 5%
+    # threshold, but the loss lasts, so after small_patience checks the split follows.
+    config = BalancerConfig(blend="fixed", score_weight=0.0, patience=3, small_threshold=0.015, small_patience=10)
+    balancer = Balancer(config, 960, [100, 200, 400])
+    for step in range(1, 6):
+        assert not balancer.observe(step, [100, 200, 400]).changed
+    changes = [step for step in range(6, 40) if balancer.observe(step, [100, 192, 400]).changed]
+    assert len(changes) == 1 and changes[0] >= 6 + config.small_patience - 1
+    assert balance_efficiency(balancer.split.per_rank(), [100, 192, 400]) > 0.99
+    # The same loss for fewer checks than small_patience changes nothing.
+    balancer = Balancer(config, 960, [100, 200, 400])
+    for step in range(1, 6):
+        balancer.observe(step, [100, 200, 400])
+    for step in range(6, 6 + config.small_patience - 2):
+        assert not balancer.observe(step, [100, 192, 400]).changed
+    assert not balancer.observe(40, [100, 200, 400]).changed
+
+
+def test_small_threshold_is_checked():
+    with pytest.raises(BalancingError, match="small_threshold"):
+        BalancerConfig(threshold=0.05, small_threshold=0.06)
