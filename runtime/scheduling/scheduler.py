@@ -566,7 +566,9 @@ def schedule(snapshot: Snapshot, *, blend: float = 0.5, policy: Policy | None = 
 
     With a placement ``policy``, each pending job's flavors are tried in the order the policy's allocation
     prefers (``policies.preferred_flavors``); without one, in the job's own order."""
-    if policy is not None:
+    # The policy only reorders each job's allowed flavors: with one flavor each there is nothing to
+    # reorder, and its LPs (two solves, most of a small cycle's decision) are skipped.
+    if policy is not None and any(len(job.flavors) > 1 for job in snapshot.pending):
         snapshot = _follow_policy(snapshot, policy)
     return _Cycle(snapshot, blend).run()
 

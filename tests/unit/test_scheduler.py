@@ -572,6 +572,22 @@ def test_a_policy_that_fails_leaves_admission_to_the_jobs_own_order(caplog):
             raise SolverError("HiGHS: infeasible")
 
     free = devices("h100", "h-0", 1)
-    result = schedule(snap([tenant(1, h100=1)], [job(1, 1, 1, "h100")], free=free), policy=Broken())
+    result = schedule(snap([tenant(1, h100=1, a100=1)], [job(1, 1, 1, "h100", "a100")], free=free), policy=Broken())
     assert admitted_ids(result) == [1]
     assert "placement policy broken failed" in caplog.text
+
+
+def test_jobs_of_one_flavor_each_leave_the_policy_nothing_to_order_and_it_is_not_asked():
+    class Counting:
+        name, aware, mixes = "counting", True, False
+        calls = 0
+
+        def allocate(self, problem):
+            Counting.calls += 1
+            return {j.job_id: {} for j in problem.jobs}
+
+    free = devices("h100", "h-0", 2)
+    result = schedule(
+        snap([tenant(1, h100=2)], [job(1, 1, 1, "h100"), job(2, 1, 1, "h100")], free=free), policy=Counting()
+    )
+    assert admitted_ids(result) == [1, 2] and Counting.calls == 0
