@@ -13,6 +13,16 @@
    ``var/bench/placement.svg``.
 3. Times one scheduling round (the policy's allocation and the round plan) with 10,000 jobs and 8,000
    devices.
+4. Elastic jobs (``runtime.scheduling.elastic``, issue 23): both traces made elastic (each job allowed from
+   half to twice its count, fixed global batch; counts the table lacks filled by its fitted communication
+   overhead, ``runtime.simulate.workloads.extend_counts``), ``elastic`` beside ``aware``; then Sia-like
+   workloads (``sia_like_workload``: image, language and speech models, three GPU types, 64 devices,
+   Sia's 60-second rounds) at several arrival rates, and each policy's highest sustainable arrival rate:
+   the largest rate at which the number of jobs in the system does not grow over the arrival window
+   (``queue_growth`` <= 1.5: the time-averaged count over the window's last quarter over that of its second
+   quarter; a queue that grows without bound gives 2.33), found by bisection on the rate with the same
+   seed for both policies (the same jobs, scaled in time). Also the elastic round's decision time at 2,048
+   jobs on 8,000 devices, and its greedy solver's optimality gap against HiGHS's exact solve on small rounds.
 
 Servers: Gavel's README describes one device per server, but its figures cannot come from the
 unconsolidated rates that implies (on static_multi_100, job 21 alone needs 422 h at the best
@@ -20,7 +30,8 @@ unconsolidated rate, yet Gavel reports a 249.5 h makespan; every job's ``v100_du
 steps over the *consolidated* rate). So the comparison runs gangs of one flavor on one server
 (consolidated rates), as Gavel's figures do; ``--one-device-per-server`` reruns with the README's layout.
 
---quick times the 10,000-job round once instead of three times and takes shorter cost measurements;
+--quick times the 10,000-job round once instead of three times, takes shorter cost measurements, and
+replays fewer Sia-like jobs with a coarser bisection;
 the replays are deterministic for given costs (the measured restart cost moves them a little from run
 to run). The last line is one JSON object.
 """
@@ -35,8 +46,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, bench/ heads sys.path, and bench/kubernetes.py would shadow the kubernetes client.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
+from runtime.scheduling.elastic import ElasticPolicy, ElasticPolicyJob, ElasticProblem  # noqa: E402
 from runtime.scheduling.policies import (  # noqa: E402
     AllocationProblem,
     Config,
@@ -55,6 +69,8 @@ from runtime.simulate import (  # noqa: E402
     run_rounds,
     summarize,
 )
+from runtime.simulate.trace import make_elastic  # noqa: E402
+from runtime.simulate.workloads import extend_counts, queue_growth, sia_like_workload  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "gavel"
 TRACES = ("continuous_300", "static_multi_100")
@@ -211,6 +227,210 @@ def decision_time(trials: int) -> dict[str, float]:
     return timings
 
 
+# Elastic figures: the Sia-like workload's round (Sia's own), the rates at which both policies are compared,
+# and the bisection's bounds for the sustainable rate (jobs per hour; Sia's published range is 10-50).
+SIA_ROUND_S = 60.0
+SIA_RATES = (10.0, 20.0, 30.0, 40.0)
+SUSTAINABLE_BOUNDS = (10.0, 120.0)
+SUSTAINABLE_GROWTH = 1.5
+
+
+def _figures(result) -> dict:  # type: ignore[no-untyped-def]
+    summary = summarize(result)
+    return {
+        "avg_jct_h": round(summary.avg_jct_h, 3),
+        "p99_jct_h": round(summary.p99_jct_h, 2),
+        "makespan_h": round(summary.makespan_h, 2),
+        "utilization": round(summary.utilization, 3),
+        "restarts": result.restarts,
+    }
+
+
+def elastic_gavel(one_device_per_server: bool, restart_cost_s: float, efficiency: float) -> dict[str, dict]:
+    """Gavel's two traces, every job elastic from half to twice its count, under ``aware`` and ``elastic``."""
+    table = load_gavel_throughputs(DATA / "throughputs.csv")
+    server = 1 if one_device_per_server else 12
+    cluster = Cluster({"k80": 12, "p100": 12, "v100": 12}, {"k80": server, "p100": server, "v100": server})
+    figures: dict[str, dict] = {}
+    for trace_name in TRACES:
+        trace = make_elastic(load_trace(DATA / f"trace_{trace_name}.csv", table))
+        extended = extend_counts(table, max(j.device_range[1] for j in trace))
+        figures[trace_name] = {}
+        for name in ("aware", "elastic"):
+            started = time.perf_counter()
+            result = run_rounds(
+                trace,
+                cluster,
+                get_policy(name),
+                extended,
+                round_s=ROUND_S,
+                restart_cost_s=restart_cost_s,
+                balance_efficiency=efficiency,
+            )
+            figures[trace_name][name] = _figures(result)
+            row = figures[trace_name][name]
+            print(
+                f"  {trace_name:17s} elastic jobs, {name:8s} avg {row['avg_jct_h']:7.2f} h  "
+                f"p99 {row['p99_jct_h']:6.1f} h  makespan {row['makespan_h']:6.1f} h  util {row['utilization']:.3f}  "
+                f"restarts {row['restarts']:5d}"
+                f"  ({time.perf_counter() - started:.1f} s)"
+            )
+        gavel = GAVEL[trace_name]["aware"]
+        print(
+            f"  {trace_name:17s} Gavel's {GAVEL_AWARE} (rigid jobs, as reported): avg {gavel[0]:.2f} h  "
+            f"p99 {gavel[1]:.1f} h  makespan {gavel[2]:.1f} h  util {gavel[3]:.3f}"
+        )
+    return figures
+
+
+def sia_run(policy_name: str, rate: float, jobs: int, restart_cost_s: float, efficiency: float):  # type: ignore[no-untyped-def]
+    """One Sia-like workload (seed 1) at ``rate`` jobs per hour under a policy: its figures and queue growth."""
+    table = load_gavel_throughputs(DATA / "throughputs.csv")
+    workload = sia_like_workload(table, jobs=jobs, jobs_per_hour=rate, seed=1)
+    cluster = Cluster(workload.cluster, {flavor: workload.server_size for flavor in workload.cluster})
+    result = run_rounds(
+        workload.jobs,
+        cluster,
+        get_policy(policy_name),
+        workload.table,
+        round_s=SIA_ROUND_S,
+        restart_cost_s=min(restart_cost_s, SIA_ROUND_S / 2),
+        balance_efficiency=efficiency,
+    )
+    ids = sorted(result.arrival_s)
+    growth = queue_growth([result.arrival_s[i] for i in ids], [result.finish_s[i] for i in ids])
+    return {**_figures(result), "queue_growth": round(growth, 3)}
+
+
+def sia_workloads(quick: bool, restart_cost_s: float, efficiency: float) -> tuple[dict[str, dict], dict[str, float]]:
+    """The Sia-like workload at ``SIA_RATES`` under both policies ("<policy>@<rate>" -> figures), and each
+    policy's highest sustainable rate (policy -> jobs per hour)."""
+    jobs = 300 if quick else 600
+    figures: dict[str, dict] = {}
+    sustainable: dict[str, float] = {}
+    for rate in SIA_RATES:
+        for name in ("aware", "elastic"):
+            row = sia_run(name, rate, jobs, restart_cost_s, efficiency)
+            figures[f"{name}@{rate:g}"] = row
+            print(
+                f"  sia-like {rate:4.0f} jobs/h {name:8s} avg {row['avg_jct_h']:6.3f} h  p99 {row['p99_jct_h']:6.2f} h"
+                f"  makespan {row['makespan_h']:6.2f} h  util {row['utilization']:.3f}  "
+                f"queue growth {row['queue_growth']:.2f}"
+            )
+    steps = 4 if quick else 6
+    for name in ("aware", "elastic"):
+        low, high = SUSTAINABLE_BOUNDS
+        if sia_run(name, low, jobs, restart_cost_s, efficiency)["queue_growth"] > SUSTAINABLE_GROWTH:
+            sustainable[name] = 0.0
+            continue
+        for _ in range(steps):
+            middle = (low + high) / 2
+            growth = sia_run(name, middle, jobs, restart_cost_s, efficiency)["queue_growth"]
+            low, high = (middle, high) if growth <= SUSTAINABLE_GROWTH else (low, middle)
+        sustainable[name] = round(low, 1)
+        print(f"  sia-like highest sustainable rate, {name:8s}: {low:.1f} jobs/h (bisection to {high - low:.1f})")
+    return figures, sustainable
+
+
+def elastic_decision_time(trials: int) -> dict[str, float]:
+    """One elastic round with 2,048 waiting elastic jobs on 8,000 devices: cold (a new policy, nothing memoized)
+    and warm (the same policy asked again, as the simulator asks it every round)."""
+    table = load_gavel_throughputs(DATA / "throughputs.csv")
+    jobs = make_elastic(generate_trace(table, jobs=2048, jobs_per_hour=200.0, seed=7))
+    extended = extend_counts(table, 16)
+    cluster = Cluster({"k80": 2000, "p100": 3000, "v100": 3000}, {"k80": 8, "p100": 8, "v100": 8})
+    capacity = dict(cluster.devices)
+    by_id = {job.job_id: job for job in jobs}
+    rates = JobRates(extended, cluster, 1.0)
+
+    def rate(job: PolicyJob, config: Config) -> float:
+        return rates(by_id[job.job_id], config)
+
+    policy_jobs = [
+        ElasticPolicyJob(
+            j.job_id,
+            j.devices,
+            rates.flavors_for(j),
+            j.arrival_s,
+            mixable=True,
+            remaining_steps=j.total_steps,
+            min_devices=j.device_range[0],
+            max_devices=j.device_range[1],
+        )
+        for j in jobs
+    ]
+    now = max(j.arrival_s for j in jobs) + ROUND_S
+    problem = ElasticProblem(policy_jobs, capacity, rate, now=now, round_s=ROUND_S, restart_cost_s=10.0)
+    cold, warm = [], []
+    for _ in range(trials):
+        policy = ElasticPolicy()
+        started = time.perf_counter()
+        choice = policy.choose(problem)
+        cold.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        policy.choose(problem)
+        warm.append(time.perf_counter() - started)
+    used = sum(c.devices for c in choice.configs.values() if c is not None)
+    placed = sum(c is not None for c in choice.configs.values())
+    print(
+        f"  elastic round decision, 2,048 jobs on 8,000 devices: {statistics.median(cold):.3f} s cold, "
+        f"{statistics.median(warm):.3f} s warm (median of {trials}); {placed} jobs placed on {used} devices"
+    )
+    return {"cold": statistics.median(cold), "warm": statistics.median(warm)}
+
+
+def elastic_gap(instances: int) -> dict[str, float]:
+    """The greedy solver's objective against HiGHS's exact one on small random elastic rounds (12 jobs of
+    Gavel's types on 8 K80 + 8 P100 + 8 V100, some already running): the relative gap, mean and worst."""
+    import random
+
+    table = extend_counts(load_gavel_throughputs(DATA / "throughputs.csv"), 16)
+    cluster = Cluster({"k80": 8, "p100": 8, "v100": 8}, {"k80": 4, "p100": 4, "v100": 4})
+    rates = JobRates(table, cluster, 0.95)
+    gaps: list[float] = []
+    for seed in range(instances):
+        rng = random.Random(seed)
+        trace = make_elastic(generate_trace(table, jobs=12, jobs_per_hour=20.0, seed=100 + seed))
+        by_id = {job.job_id: job for job in trace}
+        jobs = []
+        for j in trace:
+            flavors = rates.flavors_for(j)
+            running = rng.random() < 0.4
+            jobs.append(
+                ElasticPolicyJob(
+                    j.job_id,
+                    j.devices,
+                    flavors,
+                    j.arrival_s,
+                    mixable=True,
+                    current=Config(((rng.choice(flavors), j.devices),)) if running else None,
+                    remaining_steps=j.total_steps * rng.uniform(0.05, 1.0),
+                    min_devices=j.device_range[0],
+                    max_devices=j.device_range[1],
+                )
+            )
+
+        def rate(job: PolicyJob, config: Config, by_id: dict = by_id) -> float:
+            return rates(by_id[job.job_id], config)
+
+        problem = ElasticProblem(
+            jobs,
+            dict(cluster.devices),
+            rate,
+            now=max(j.arrival_s for j in trace) + 3600.0,
+            round_s=ROUND_S,
+            restart_cost_s=30.0,
+        )
+        greedy = ElasticPolicy().choose(problem).value
+        exact = ElasticPolicy(solver="exact").choose(problem).value
+        gaps.append(1 - greedy / exact if exact > 0 else 0.0)
+    print(
+        f"  elastic greedy vs exact (HiGHS MILP), {instances} rounds of 12 jobs on 24 devices: gap mean "
+        f"{statistics.mean(gaps):.2%}, worst {max(gaps):.2%}"
+    )
+    return {"mean": statistics.mean(gaps), "max": max(gaps)}
+
+
 def chart(figures: dict[str, dict], path: Path) -> None:
     """Average JCT per policy and trace, ours beside Gavel's where it reported one: an SVG bar chart."""
     bar, gap, left, top, height = 18, 6, 130, 30, 200
@@ -299,6 +519,49 @@ def main() -> int:
             f"{'met' if within <= 0.05 else 'NOT met'}); mixed {mixed:.2f} h ({gain:+.1%} better; target 15%: "
             f"{'met' if gain >= 0.15 else 'NOT met'})"
         )
+    print("elastic jobs: Gavel's traces made elastic (half to twice each count), elastic vs aware ...")
+    elastic = elastic_gavel(args.one_device_per_server, restart_cost_s, efficiency)
+    print(f"Sia-like workloads (64 devices, {SIA_ROUND_S:.0f} s rounds) ...")
+    sia, sustainable = sia_workloads(args.quick, restart_cost_s, efficiency)
+    print("elastic round decision time and optimality gap ...")
+    elastic_timing = elastic_decision_time(1 if args.quick else 3)
+    gap = elastic_gap(10 if args.quick else 30)
+
+    print("targets (elastic against aware, issue 23): avg JCT <= 0.75x, p99 no worse, sustainable rate >= 1.2x")
+    ratios: list[tuple[str, float, float]] = []
+    for trace_name in TRACES:
+        ours, base = elastic[trace_name]["elastic"], elastic[trace_name]["aware"]
+        for metric in ("avg_jct_h", "p99_jct_h", "makespan_h", "utilization"):
+            out[f"{trace_name}_elastic_jobs.aware.{metric}"] = base[metric]
+            out[f"{trace_name}_elastic_jobs.elastic.{metric}"] = ours[metric]
+        ratios.append((trace_name, ours["avg_jct_h"] / base["avg_jct_h"], ours["p99_jct_h"] / base["p99_jct_h"]))
+    for rate in SIA_RATES:
+        ours, base = sia[f"elastic@{rate:g}"], sia[f"aware@{rate:g}"]
+        for metric in ("avg_jct_h", "p99_jct_h", "makespan_h", "utilization", "queue_growth"):
+            out[f"sia_{rate:g}.aware.{metric}"] = base[metric]
+            out[f"sia_{rate:g}.elastic.{metric}"] = ours[metric]
+        ratios.append((f"sia_{rate:g}", ours["avg_jct_h"] / base["avg_jct_h"], ours["p99_jct_h"] / base["p99_jct_h"]))
+    for label, avg_ratio, p99_ratio in ratios:
+        out[f"elastic_avg_jct_ratio_vs_aware_{label}"] = round(avg_ratio, 3)
+        out[f"elastic_p99_jct_ratio_vs_aware_{label}"] = round(p99_ratio, 3)
+        print(
+            f"  {label:17s} avg {avg_ratio:.3f}x ({'met' if avg_ratio <= 0.75 else 'NOT met'}), "
+            f"p99 {p99_ratio:.3f}x ({'met' if p99_ratio <= 1.0 else 'NOT met'})"
+        )
+    aware_rate, elastic_rate = sustainable["aware"], sustainable["elastic"]
+    rate_ratio = elastic_rate / aware_rate if aware_rate > 0 else float("nan")
+    print(
+        f"  highest sustainable rate: elastic {elastic_rate:.1f} vs aware {aware_rate:.1f} jobs/h, {rate_ratio:.2f}x "
+        f"({'met' if rate_ratio >= 1.2 else 'NOT met'}); elastic round at 2,048 jobs {elastic_timing['cold']:.3f} s "
+        f"({'met' if elastic_timing['cold'] < 1.0 else 'NOT met'}: under 1 s)"
+    )
+    out["sustainable_rate_aware_jobs_per_h"] = aware_rate
+    out["sustainable_rate_elastic_jobs_per_h"] = elastic_rate
+    out["sustainable_rate_ratio"] = round(rate_ratio, 3)
+    out["elastic_round_s_2048_jobs"] = round(elastic_timing["cold"], 3)
+    out["elastic_round_s_2048_jobs_warm"] = round(elastic_timing["warm"], 3)
+    out["elastic_greedy_gap_mean"] = round(gap["mean"], 4)
+    out["elastic_greedy_gap_max"] = round(gap["max"], 4)
     out["round_decision_s_10k_jobs"] = round(timings["aware"], 3)
     out["round_decision_s_10k_jobs_mixed"] = round(timings["mixed"], 3)
     out["restart_cost_s"] = round(restart_cost_s, 3)

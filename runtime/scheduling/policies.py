@@ -1,6 +1,6 @@
 """Placement policies: how much of its time each job should spend in each way of running it.
 
-One interface, five policies. A policy sees the jobs that want devices, the pool's capacity per flavor
+One interface, six policies. A policy sees the jobs that want devices, the pool's capacity per flavor
 and each job's throughput in each *configuration* (how many devices of each flavor it runs on), and
 returns an ``Allocation``: for every job, the fraction of time it should spend in each configuration.
 This is Gavel's formulation (Narayanan et al., OSDI 2020); the round mechanism (``runtime.scheduling.
@@ -14,6 +14,8 @@ same fractions to choose where a job starts.
 - ``max_throughput``: the most total normalized throughput, fairness aside.
 - ``mixed``: ``aware`` where a job that allows several flavors may also run on a mix of them at once,
   at the throughput the balancer reaches (Gavel never gives one job two device types).
+- ``elastic`` (``runtime.scheduling.elastic``): no time-sharing; each round, every job's device count
+  (within its elastic range) and flavor(s), for the most fairness-weighted goodput net of restart costs.
 
 Normalization: a job's throughput in a configuration is divided by its throughput on the pool's *average*
 device (its single-flavor throughputs weighted by the flavors' shares of the pool), and multiplied by its
@@ -391,9 +393,20 @@ class MaxThroughputPolicy:
         return _to_allocation(program, x)
 
 
-POLICIES: dict[str, type[Policy]] = {
-    policy.name: policy
-    for policy in (FifoPolicy, FairSharePolicy, MaxMinAwarePolicy, MaxThroughputPolicy, MixedGangPolicy)
+def _elastic_policy() -> Policy:
+    """``elastic`` (``runtime.scheduling.elastic``): it builds on this module, so it is imported when asked for."""
+    from runtime.scheduling.elastic import ElasticPolicy
+
+    return ElasticPolicy()
+
+
+# Name -> a policy with its default settings (a class, or a function where the class lives elsewhere).
+POLICIES: dict[str, Callable[[], Policy]] = {
+    **{
+        policy.name: policy
+        for policy in (FifoPolicy, FairSharePolicy, MaxMinAwarePolicy, MaxThroughputPolicy, MixedGangPolicy)
+    },
+    "elastic": _elastic_policy,
 }
 
 

@@ -7,7 +7,9 @@
   utilization; ``python -m runtime.simulate`` is its command line.
 - ``forecast``: when waiting jobs would start, the live snapshot played forward with the same
   ``schedule`` (the advisor's start estimate at submit).
-- ``trace``: Gavel's trace and throughput formats, and a seeded trace generator.
+- ``trace``: Gavel's trace and throughput formats, elastic jobs (``make_elastic``), and a seeded trace generator.
+- ``workloads``: scaling curves fitted to a throughput table (``extend_counts``), Sia-like elastic workloads,
+  and the queue-growth test of a sustainable arrival rate.
 """
 
 from runtime.simulate.admission import SimResult, TraceJob, simulate, water_fill
@@ -20,8 +22,10 @@ from runtime.simulate.trace import (
     generate_trace,
     load_gavel_throughputs,
     load_trace,
+    make_elastic,
     write_trace,
 )
+from runtime.simulate.workloads import extend_counts, queue_growth, sia_like_workload, sustainable
 
 __all__ = [
     "Cluster",
@@ -35,13 +39,18 @@ __all__ = [
     "TraceError",
     "TraceJob",
     "Work",
+    "extend_counts",
     "forecast_starts",
     "generate_trace",
     "load_gavel_throughputs",
     "load_trace",
+    "make_elastic",
+    "queue_growth",
     "run_rounds",
+    "sia_like_workload",
     "simulate",
     "summarize",
+    "sustainable",
     "water_fill",
     "write_trace",
 ]

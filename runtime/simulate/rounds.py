@@ -15,6 +15,16 @@ Rates: a single-flavor gang that fits on one server runs at the table's consolid
 the unconsolidated one; each device of a mixed gang contributes its flavor's unconsolidated per-device
 rate for the gang's size.
 
+Elastic jobs (``SimJob.device_range``): every policy sees an elastic job at its requested count, except
+one that chooses counts (``policy.elastic``, ``runtime.scheduling.elastic``), which sees its range. Such
+a policy is asked every round (``policy.every_round``) with the clock, the round's length and the restart
+cost (an ``ElasticProblem``), and its answer (one configuration per job) is the round's plan: it does not
+time-share, so ``plan_round`` has nothing to add. On a count other than the one it asked for, a job's rate
+follows its batch rule (``JobRates``): ``fixed`` splits the same global batch over more or fewer devices
+(compute scales, the table's communication overhead for that gang does not), ``scales`` keeps each
+device's batch and pays the larger batch's statistical efficiency. A resize is a change of configuration,
+charged ``restart_cost_s`` like any other.
+
 Device layout (optional): a ``Cluster`` built with ``Cluster.laid_out(nodes, fabric)`` (or
 ``Cluster.from_pool``) has nodes with coordinates in a topology, and the simulator then tracks which
 devices each running job holds. A job that runs on in the configuration it ran in keeps its devices;
@@ -41,8 +51,9 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from runtime.inventory import Fabric, LinkModel, NodeSpec, Pool, step_time_factor
+from runtime.scheduling.elastic import ElasticPolicyJob, ElasticProblem
 from runtime.scheduling.placement import FreeDevice, FreePool
-from runtime.scheduling.policies import AllocationProblem, Config, Policy, PolicyJob, configs_for
+from runtime.scheduling.policies import Allocation, AllocationProblem, Config, Policy, PolicyJob, configs_for
 from runtime.scheduling.rounds import RoundJob, plan_round
 from runtime.simulate.admission import water_fill
 from runtime.simulate.trace import SimJob, ThroughputTable
@@ -214,10 +225,10 @@ class JobRates:
         self.table = table
         self.cluster = cluster
         self.balance_efficiency = balance_efficiency
-        self._memo: dict[tuple[str, int, Config], float] = {}
+        self._memo: dict[tuple[str, int, str, float | None, Config], float] = {}
 
     def __call__(self, job: SimJob, config: Config) -> float:
-        key = (job.job_type, job.devices, config)
+        key = (job.job_type, job.devices, job.batch, job.noise_scale, config)
         rate = self._memo.get(key)
         if rate is None:
             rate = self._rate(job, config, one_node=False)
@@ -231,15 +242,42 @@ class JobRates:
         return self._rate(job, config, one_node=True)
 
     def _rate(self, job: SimJob, config: Config, *, one_node: bool) -> float:
+        rate = self._gang_rate(job.job_type, config, one_node=one_node)
+        if config.devices == job.devices or rate <= 0:
+            return rate
+        return self._resized(job, config, rate)
+
+    def _gang_rate(self, job_type: str, config: Config, *, one_node: bool) -> float:
+        """The table's steps per second for a gang of ``config``'s devices, each with a device-sized batch."""
+        gang = config.devices
         if not config.mixed:
             flavor, count = config.counts[0]
             packed = one_node or count <= self.cluster.server_size(flavor)
-            return self._table_rate(job.job_type, flavor, count, packed=packed)
+            return self._table_rate(job_type, flavor, count, packed=packed)
         per_device = sum(
-            count * self._table_rate(job.job_type, flavor, job.devices, packed=one_node) / job.devices
-            for flavor, count in config.counts
+            count * self._table_rate(job_type, flavor, gang, packed=one_node) / gang for flavor, count in config.counts
         )
         return per_device * self.balance_efficiency
+
+    def _resized(self, job: SimJob, config: Config, gang_rate: float) -> float:
+        """An elastic job's progress (in its own steps) on a count other than the one it asked for.
+
+        ``scales``: each device keeps its batch, so the table's gang rate holds, times the statistical
+        efficiency of the larger (or smaller) global batch. ``fixed``: the global batch of ``job.devices``
+        device-batches is split over ``config``'s devices. A step's time is then its compute, which shrinks
+        with each device's share of the batch (the devices' one-device rates, without communication), plus
+        the communication overhead that the table shows for this gang (its step time less that compute),
+        which does not depend on the batch (the gradient is the same size)."""
+        scale = config.devices / job.devices
+        if job.batch == "scales":
+            noise = job.noise_scale or 0.0
+            return gang_rate * (noise + 1) / (noise + scale)
+        solo = [self._table_rate(job.job_type, flavor, 1, packed=True) for flavor, _ in config.counts]
+        if min(solo) <= 0:
+            return 0.0  # no one-device rate to split the compute by: the table cannot say, so the job cannot run so
+        compute_rate = sum(count * rate for (_, count), rate in zip(config.counts, solo, strict=True))
+        overhead_s = max(0.0, config.devices / gang_rate - config.devices / compute_rate)  # per step of the gang
+        return job.devices / (job.devices / compute_rate + overhead_s)
 
     def _table_rate(self, job_type: str, flavor: str, count: int, *, packed: bool) -> float:
         rate = self.table.steps_per_s(job_type, flavor, count, consolidated=packed)
@@ -254,6 +292,23 @@ class JobRates:
             for f in allowed
             if self.table.steps_per_s(job.job_type, f, job.devices, consolidated=False) not in (None, 0.0)
         )
+
+
+def _chosen_plan(allocation: Allocation, capacity: Mapping[str, int]) -> dict[int, Config]:
+    """The plan of a policy that chooses one configuration per job (all of its time), checked against the pool."""
+    plan: dict[int, Config] = {}
+    left = dict(capacity)
+    for job_id, configs in sorted(allocation.items()):
+        if not configs:
+            continue
+        if len(configs) != 1 or next(iter(configs.values())) < 1.0 - 1e-9:
+            raise RuntimeError(f"job {job_id}: a count-choosing policy must give one configuration all the time")
+        config = next(iter(configs))
+        if not config.fits(left):
+            raise RuntimeError(f"job {job_id}: {config} does not fit in what the policy left, {left}")
+        config.take_from(left)
+        plan[job_id] = config
+    return plan
 
 
 class _RandomFree:
@@ -364,6 +419,8 @@ def run_rounds(
         placer = _Placer(cluster, cluster.fabric, rates, device_choice, comm_fraction, link, seed)
     weights = dict(tenant_weights or {})
     capacity = {f: n for f, n in cluster.devices.items() if n > 0}
+    chooses_counts = bool(getattr(policy, "elastic", False))
+    every_round = bool(getattr(policy, "every_round", False))
     result = RoundResult(policy=policy.name)
     arrivals = sorted(trace, key=lambda j: (j.arrival_s, j.job_id))
     for job in arrivals:
@@ -382,6 +439,10 @@ def run_rounds(
     def rate_of(job_id: int, config: Config) -> float:
         return rates(by_id[job_id], config)
 
+    # One function for the whole run, so that a policy may memoize rates by it.
+    def policy_rate(policy_job: PolicyJob, config: Config) -> float:
+        return rates(by_id[policy_job.job_id], config)
+
     while index < len(arrivals) or active:
         if not active and arrivals[index].arrival_s > now:
             # Nothing to run: the clock jumps to the next arrival, on the round grid.
@@ -398,6 +459,9 @@ def run_rounds(
                 weight=1.0,
                 mixable=job.mixable,
             )
+            if chooses_counts and job.elastic:
+                low, high = job.device_range
+                policy_job = ElasticPolicyJob(**vars(policy_job), min_devices=low, max_devices=high)
             configs = configs_for(policy_job, capacity, mixes=policy.mixes)
             if not configs:
                 raise ValueError(f"job {job.job_id}: needs {job.devices} devices; the cluster cannot hold it")
@@ -408,34 +472,40 @@ def run_rounds(
             continue
 
         started = clock() if clock else 0.0
-        if changed:
-            problem = AllocationProblem(
-                jobs=[
-                    replace(a.policy_job, current=a.current, remaining_steps=a.remaining_steps) for a in active.values()
-                ],
-                capacity=capacity,
-                rate=lambda pj, config: rates(by_id[pj.job_id], config),
+        if changed or every_round:
+            policy_jobs = [
+                replace(a.policy_job, current=a.current, remaining_steps=a.remaining_steps) for a in active.values()
+            ]
+            problem = (
+                ElasticProblem(
+                    policy_jobs, capacity, policy_rate, now=now, round_s=round_s, restart_cost_s=restart_cost_s
+                )
+                if chooses_counts
+                else AllocationProblem(jobs=policy_jobs, capacity=capacity, rate=policy_rate)
             )
             allocation = policy.allocate(problem)
             result.allocations += 1
             changed = False
-        plan = plan_round(
-            allocation,
-            [
-                RoundJob(
-                    job_id=a.job.job_id,
-                    age_s=now - a.job.arrival_s,
-                    current=a.current,
-                    received_s=a.received_s,
-                    configs=a.configs,
-                )
-                for a in active.values()
-            ],
-            capacity,
-            rate=rate_of,
-            round_s=round_s,
-            restart_cost_s=restart_cost_s,
-        )
+        if chooses_counts:
+            plan = _chosen_plan(allocation, capacity)
+        else:
+            plan = plan_round(
+                allocation,
+                [
+                    RoundJob(
+                        job_id=a.job.job_id,
+                        age_s=now - a.job.arrival_s,
+                        current=a.current,
+                        received_s=a.received_s,
+                        configs=a.configs,
+                    )
+                    for a in active.values()
+                ],
+                capacity,
+                rate=rate_of,
+                round_s=round_s,
+                restart_cost_s=restart_cost_s,
+            )
         if clock:
             result.decision_s.append(clock() - started)
 

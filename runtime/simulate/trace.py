@@ -4,6 +4,15 @@ A trace row is a job: ``job_id, arrival_s, job_type, num_gpus, total_steps`` (an
 and ``flavors``, ``|``-separated). A job is done when it has run ``total_steps`` steps; how fast depends on
 the throughput table: steps per second by job type, flavor, device count, and whether the devices share a
 server (``consolidated``) or not.
+
+Elastic jobs (optional columns ``min_gpus``, ``max_gpus``, ``batch``): a job may run on any device count in
+``[min_gpus, max_gpus]`` that a policy chooses, ``num_gpus`` being the count it asked for. ``batch`` says
+what happens to its global batch when the count changes: ``fixed`` (each device's share of the batch
+shrinks or grows; the optimization is unchanged) or ``scales`` (each device keeps its batch, so the global
+batch grows with the count, with the linear learning-rate rule; larger batches make less progress per
+sample, by the gradient-noise-scale model, ``noise_scale``). A step is the table's unit, one device-sized
+batch (Gavel's rates for a gang are the gang's steps per second over all its devices), so
+``total_steps`` measures the same work whatever the count. ``make_elastic`` turns any trace elastic.
 """
 
 from __future__ import annotations
@@ -12,8 +21,12 @@ import csv
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
+
+BatchRule = Literal["fixed", "scales"]
+BATCH_RULES: tuple[BatchRule, ...] = ("fixed", "scales")
 
 
 class TraceError(ValueError):
@@ -30,6 +43,62 @@ class SimJob:
     tenant_id: int = 0
     flavors: tuple[str, ...] = ()  # allowed flavors; empty means every flavor the table knows for it
     mixable: bool = True  # may run on several flavors at once under a mixing policy
+    # Elastic range: the device counts a policy may give it (None: exactly ``devices``).
+    min_devices: int | None = None
+    max_devices: int | None = None
+    batch: BatchRule = "fixed"  # what its global batch does when the count changes (see the module docstring)
+    # With batch "scales": the gradient noise scale in multiples of the requested global batch (Pollux's phi
+    # over M0; McCandlish et al. 2018). Progress per sample at k times the requested batch is
+    # (noise_scale + 1) / (noise_scale + k). No default: it is a property of the model and data, not ours to guess.
+    noise_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        low, high = self.device_range
+        if (self.min_devices is not None or self.max_devices is not None) and not 1 <= low <= self.devices <= high:
+            raise TraceError(
+                f"job {self.job_id}: device range [{low}, {high}] must hold its requested {self.devices} devices "
+                "and start at 1 or more"
+            )
+        if self.batch not in BATCH_RULES:
+            raise TraceError(f"job {self.job_id}: batch {self.batch!r}: choose one of {', '.join(BATCH_RULES)}")
+        if self.batch == "scales" and (self.noise_scale is None or self.noise_scale <= 0):
+            raise TraceError(f"job {self.job_id}: batch 'scales' needs a noise_scale > 0 (its gradient noise scale)")
+
+    @property
+    def device_range(self) -> tuple[int, int]:
+        """The device counts a policy may give the job: (min, max), both inclusive."""
+        return (
+            self.devices if self.min_devices is None else self.min_devices,
+            self.devices if self.max_devices is None else self.max_devices,
+        )
+
+    @property
+    def elastic(self) -> bool:
+        return self.device_range != (self.devices, self.devices)
+
+
+def make_elastic(
+    jobs: Iterable[SimJob],
+    *,
+    low: float = 0.5,
+    high: float = 2.0,
+    batch: BatchRule = "fixed",
+    noise_scale: float | None = None,
+) -> list[SimJob]:
+    """The same jobs, each allowed from ``low`` to ``high`` times its requested count (at least 1 device;
+    the lower end rounded up, the upper down, so a job never gets less than ``low`` of what it asked for)."""
+    if not 0 < low <= 1 <= high:
+        raise TraceError(f"make_elastic: need 0 < low <= 1 <= high, got low={low}, high={high}")
+    return [
+        replace(
+            job,
+            min_devices=max(1, math.ceil(job.devices * low)),
+            max_devices=max(job.devices, math.floor(job.devices * high)),
+            batch=batch,
+            noise_scale=noise_scale,
+        )
+        for job in jobs
+    ]
 
 
 @dataclass(frozen=True)
@@ -103,6 +172,7 @@ def load_trace(path: str | Path, table: ThroughputTable | None = None) -> list[S
                 tenant_id=_int(row.get("tenant_id") or "0", path, line, "tenant_id"),
                 flavors=tuple(f for f in (row.get("flavors") or "").split("|") if f),
             )
+            job = _with_elastic_columns(job, row, path, line)
             if job.job_id in seen:
                 raise TraceError(f"{path}:{line}: job_id {job.job_id} appears twice; ids must be unique")
             if job.devices < 1 or job.total_steps <= 0 or job.arrival_s < 0:
@@ -117,22 +187,53 @@ def load_trace(path: str | Path, table: ThroughputTable | None = None) -> list[S
     return jobs
 
 
+def _with_elastic_columns(job: SimJob, row: Mapping[str, str | None], path: str | Path, line: int) -> SimJob:
+    """The job with the row's optional ``min_gpus``, ``max_gpus``, ``batch`` and ``noise_scale``."""
+    low, high = row.get("min_gpus") or "", row.get("max_gpus") or ""
+    batch = row.get("batch") or "fixed"
+    noise = row.get("noise_scale") or ""
+    if not (low or high or noise) and batch == "fixed":
+        return job
+    if batch not in BATCH_RULES:
+        raise TraceError(f"{path}:{line}: batch {batch!r}: choose one of {', '.join(BATCH_RULES)}")
+    try:
+        return replace(
+            job,
+            min_devices=_int(low, path, line, "min_gpus") if low else None,
+            max_devices=_int(high, path, line, "max_gpus") if high else None,
+            batch=batch,
+            noise_scale=_float(noise, path, line, "noise_scale") if noise else None,
+        )
+    except TraceError as exc:
+        raise TraceError(f"{path}:{line}: {exc}") from None
+
+
 def write_trace(path: str | Path, jobs: Iterable[SimJob]) -> None:
+    """Write ``jobs`` in the format ``load_trace`` reads; the elastic columns only when some job is elastic."""
+    jobs = list(jobs)
+    elastic = any(job.elastic or job.batch != "fixed" for job in jobs)
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["job_id", "arrival_s", "job_type", "num_gpus", "total_steps", "tenant_id", "flavors"])
+        header = ["job_id", "arrival_s", "job_type", "num_gpus", "total_steps", "tenant_id", "flavors"]
+        writer.writerow(header + (["min_gpus", "max_gpus", "batch", "noise_scale"] if elastic else []))
         for job in jobs:
-            writer.writerow(
-                [
-                    job.job_id,
-                    f"{job.arrival_s:.3f}",
-                    job.job_type,
-                    job.devices,
-                    f"{job.total_steps:.3f}",
-                    job.tenant_id,
-                    "|".join(job.flavors),
+            row: list[object] = [
+                job.job_id,
+                f"{job.arrival_s:.3f}",
+                job.job_type,
+                job.devices,
+                f"{job.total_steps:.3f}",
+                job.tenant_id,
+                "|".join(job.flavors),
+            ]
+            if elastic:
+                row += [
+                    "" if job.min_devices is None else job.min_devices,
+                    "" if job.max_devices is None else job.max_devices,
+                    job.batch,
+                    "" if job.noise_scale is None else job.noise_scale,
                 ]
-            )
+            writer.writerow(row)
 
 
 def generate_trace(

@@ -404,7 +404,7 @@ def test_preferred_flavors_orders_by_allocated_time():
 
 
 def test_get_policy_names_every_policy_and_rejects_others():
-    assert set(POLICIES) == {"fifo", "fair", "aware", "max_throughput", "mixed"}
+    assert set(POLICIES) == {"fifo", "fair", "aware", "max_throughput", "mixed", "elastic"}
     for name in POLICIES:
         assert get_policy(name).name == name
     assert get_policy("mixed").mixes and not get_policy("aware").mixes
