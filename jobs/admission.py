@@ -210,10 +210,7 @@ def _count_waits(admitted: Iterable[int], pending: Iterable[PendingJob], now: da
     if not waits:
         return
     tenant_ids = sorted({tenant_id for tenant_id, _ in waits})
-    rows = {
-        (row.tenant_id, row.band): row
-        for row in AdmissionWait.objects.select_for_update().filter(tenant_id__in=tenant_ids).order_by("pk")
-    }
+    rows = {(row.tenant_id, row.band): row for row in locks.admission_waits(tenant_ids)}
     new = [
         AdmissionWait(tenant_id=tenant_id, band=band, buckets=[0] * (len(WAIT_BUCKETS) + 1), count=0, sum_s=0.0)
         for tenant_id, band in sorted(waits)

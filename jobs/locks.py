@@ -19,7 +19,15 @@ from collections.abc import Iterable
 from django.db import connection
 from django.db.models import QuerySet
 
-from jobs.models import AdmissionLock, Device, JobAttempt, ThroughputEntry, ThroughputObservation, TrainingJob
+from jobs.models import (
+    AdmissionLock,
+    AdmissionWait,
+    Device,
+    JobAttempt,
+    ThroughputEntry,
+    ThroughputObservation,
+    TrainingJob,
+)
 
 
 def admission_lock(*, wait: bool = True) -> bool:
@@ -47,6 +55,11 @@ def jobs(job_ids: Iterable[int], *, fields: tuple[str, ...] = ()) -> dict[int, T
     if fields:
         rows = rows.only(*fields)
     return {row.pk: row for row in rows}
+
+
+def admission_waits(tenant_ids: Iterable[int]) -> list[AdmissionWait]:
+    """The tenants' admission-wait histogram rows, locked in primary-key order (after the admission lock)."""
+    return list(AdmissionWait.objects.select_for_update().filter(tenant_id__in=sorted(set(tenant_ids))).order_by("pk"))
 
 
 def attempt(job_id: int, number: int) -> JobAttempt | None:
