@@ -11,7 +11,14 @@ padded by the local backend's device emulation to ``samples x 1 ms / relative sp
 - drift: 1:2:4 where the fastest rank slows 2x halfway (``LocalBackend.set_speed`` while it runs);
   run once per blend (``fixed``: w = 0.6 score + 0.4 predicted throughout; ``trust``: the score's
   weight decays as measurements accumulate), so that the better blend can be the default; ``--quick``
-  runs the default blend only.
+  runs the default blend only;
+- two drifts: 1:3:5:8 on 4 ranks (default blend), where the 8 slows to 4 after a third of the steps
+  and the 3 speeds up to 6 after two thirds; ``efficiency_dynamic_1358_phase{1,2,3}`` per phase (before
+  the first drift, between, after the second), each phase from the step at which the changed rank
+  measured its new speed, so that it includes the re-balancing its drift set off (100 steps a phase,
+  30 with ``--quick``). Beside each, ``step_ms_1358_phase*``: the step at the ideal rate, the slowest
+  rank's own time (compute and padding: what the split and the padding's sleep cost), and the step
+  as rank 0 saw it (the difference: per-step costs outside the ranks' own time).
 
 Ideal: the sum of each rank's solo samples/s, measured by running every rank's device alone (a 1-rank
 job per speed, all at once, steps of ~160 ms like the gangs') in the same run. Efficiency: the gang's
@@ -34,10 +41,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +74,7 @@ class Run:
     rank_steps: dict[int, list[dict[str, Any]]]
     rebalances: list[dict[str, Any]]
     speed_changed_at: float | None = None
+    changed_at: list[float] = field(default_factory=list)  # wall clock of each speed change
 
 
 def _flavor(speed: float) -> str:
@@ -135,44 +144,65 @@ def solo_jobs(speeds: list[float]) -> dict[str, tuple[list[float], str, int]]:
     }
 
 
+@dataclass(frozen=True)
+class Change:
+    """A speed change: once rank 0 has reported ``after_steps`` steps, ``rank`` runs at ``speed``."""
+
+    after_steps: int
+    rank: int
+    speed: float
+
+
+def run_with_changes(jobs: dict[str, tuple[LocalBackend, dict[str, Any], list[Change]]]) -> dict[str, list[float]]:
+    """Jobs already launched, each with its speed changes, applied (``LocalBackend.set_speed``) while they
+    run; waits for all of them and returns when each change was made (wall clock), per job."""
+    changed_at: dict[str, list[float]] = {job: [] for job in jobs}
+    deadline = time.monotonic() + 300
+    running = set(jobs)
+    while running:
+        for job in sorted(running):
+            backend, handle, changes = jobs[job]
+            phase = backend.observe(handle).phase
+            if phase in (Phase.FAILED, Phase.GONE):
+                raise RuntimeError(f"{job}: {backend.observe(handle).reason or phase}")
+            if phase == Phase.SUCCEEDED:
+                running.discard(job)
+                continue
+            made = changed_at[job]
+            telemetry = backend.runs_dir / job / "telemetry.rank0.jsonl"
+            if len(made) < len(changes) and telemetry.exists():
+                done = sum(1 for line in telemetry.read_text().splitlines() if '"kind":"step"' in line)
+                change = changes[len(made)]
+                if done >= change.after_steps:
+                    backend.set_speed(handle, change.rank, change.speed)
+                    made.append(time.time())
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"runs with speed changes still going: {', '.join(sorted(running))}")
+        time.sleep(0.05)
+    return changed_at
+
+
 def drift_runs(
     tmp: str, profiles: dict[str, dict[str, float]], speeds: list[float], steps: int, blends: tuple[str, ...]
 ) -> dict[str, Run]:
     """One job per blend, at the same time: the fastest rank of each slows 2x once half its steps are done."""
     slow_rank = max(range(len(speeds)), key=lambda r: speeds[r])
-    jobs: dict[str, tuple[LocalBackend, dict[str, Any]]] = {}
+    jobs: dict[str, tuple[LocalBackend, dict[str, Any], list[Change]]] = {}
     for blend in blends:
         # A backend per blend: the blend reaches the workers through the backend's per-rank overrides.
         overrides = {r: {"balancing": {"mode": "dynamic", "blend": blend}} for r in range(len(speeds))}
         backend = LocalBackend(
             tmp, profiles, sample_time_ms=SAMPLE_TIME_MS, telemetry_files=True, worker_overrides=overrides
         )
-        jobs[blend] = (backend, launch(backend, f"drift-{blend}", speeds, steps=steps, mode="dynamic"))
-    changed_at: dict[str, float] = {}
-    deadline = time.monotonic() + 300
-    running = set(jobs)
-    while running:
-        for blend in sorted(running):
-            backend, handle = jobs[blend]
-            phase = backend.observe(handle).phase
-            if phase in (Phase.FAILED, Phase.GONE):
-                raise RuntimeError(f"drift-{blend}: {backend.observe(handle).reason or phase}")
-            if phase == Phase.SUCCEEDED:
-                running.discard(blend)
-                continue
-            telemetry = backend.runs_dir / f"drift-{blend}" / "telemetry.rank0.jsonl"
-            if blend not in changed_at and telemetry.exists():
-                done = sum(1 for line in telemetry.read_text().splitlines() if '"kind":"step"' in line)
-                if done >= steps // 2:
-                    backend.set_speed(handle, slow_rank, speeds[slow_rank] / 2)
-                    changed_at[blend] = time.time()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"drift runs still going: {', '.join(sorted(running))}")
-        time.sleep(0.05)
+        handle = launch(backend, f"drift-{blend}", speeds, steps=steps, mode="dynamic")
+        jobs[f"drift-{blend}"] = (backend, handle, [Change(steps // 2, slow_rank, speeds[slow_rank] / 2)])
+    changed_at = run_with_changes(jobs)
     runs = {}
-    for blend, (backend, _) in jobs.items():
+    for blend in blends:
+        backend = jobs[f"drift-{blend}"][0]
         runs[blend] = events(backend, f"drift-{blend}", len(speeds))
-        runs[blend].speed_changed_at = changed_at.get(blend)
+        made = changed_at[f"drift-{blend}"]
+        runs[blend].speed_changed_at = made[0] if made else None
     return runs
 
 
@@ -205,6 +235,79 @@ def drift_figures(run: Run, speeds: list[float], solo: dict[float, float], slow_
     }
 
 
+def two_drift_run(
+    tmp: str, profiles: dict[str, dict[str, float]], speeds: list[float], steps: int, changes: list[Change]
+) -> Run:
+    """The default blend on ``speeds``, each change made once rank 0 has reported its step count."""
+    backend = LocalBackend(tmp, profiles, sample_time_ms=SAMPLE_TIME_MS, telemetry_files=True)
+    job = "drift2-" + "".join(str(round(s / min(speeds))) for s in speeds)
+    handle = launch(backend, job, speeds, steps=steps, mode="dynamic")
+    changed_at = run_with_changes({job: (backend, handle, changes)})[job]
+    if len(changed_at) != len(changes):
+        raise RuntimeError(f"{job} ended after {len(changed_at)} of {len(changes)} speed changes: more steps")
+    run = events(backend, job, len(speeds))
+    run.changed_at = changed_at
+    return run
+
+
+def shows_at(run: Run, rank: int, changed_at: float, old: float, new: float) -> int:
+    """The first step at which ``rank`` measured the speed it was changed to: its samples/s moved more
+    than half way (geometrically) from what it measured before the change towards ``new / old`` of it."""
+    mine = run.rank_steps[rank]
+    before = [e["samples_per_s"] for e in mine if e["ts"] < changed_at][-5:]
+    usual = sum(before) / len(before)
+    half = abs(math.log(new / old)) / 2
+    return next(
+        e["step"]
+        for e in mine
+        if e["ts"] >= changed_at and e["samples_per_s"] > 0 and abs(math.log(e["samples_per_s"] / usual)) > half
+    )
+
+
+def phase_figures(
+    run: Run, speeds: list[float], changes: list[Change], solo: dict[float, float], global_batch: int = GLOBAL_BATCH
+) -> list[dict[str, float]]:
+    """Per phase (before the first change, between changes, after the last): the gang's samples over the
+    ideal integrated over the phase (the sum of the solo speeds of the ranks' speeds then). A phase
+    runs from the step at which the changed rank measured its new speed, so each phase includes the
+    re-balancing that its change set off. Beside it, where each phase's time went, per step on
+    average: ``ideal_ms``, the step at the ideal rate; ``slowest_ms``, the slowest rank's own time
+    (its compute and padding: what the split makes it wait); ``step_ms``, rank 0's step to step
+    interval; the rest is per-step cost outside the ranks' own time (the exchange, the optimizer,
+    telemetry, the next step's start)."""
+    timed = [e for e in run.steps if e["step"] > WARMUP_STEPS]
+    by_step = {e["step"]: e for e in timed}
+    current = list(speeds)
+    rates = [sum(solo[s] for s in current)]
+    bounds = [timed[0]["step"]]
+    for change, at in zip(changes, run.changed_at, strict=True):
+        step = shows_at(run, change.rank, at, current[change.rank], change.speed)
+        current[change.rank] = change.speed
+        rates.append(sum(solo[s] for s in current))
+        bounds.append(step)
+    bounds.append(timed[-1]["step"])
+    own = {
+        step: max(run.rank_steps[r][i]["own_time_s"] for r in run.rank_steps)
+        for i, step in enumerate(e["step"] for e in run.rank_steps[0])
+        if all(len(run.rank_steps[r]) > i and run.rank_steps[r][i]["step"] == step for r in run.rank_steps)
+    }
+    out = []
+    for p, rate in enumerate(rates):
+        first, last = bounds[p], bounds[p + 1]
+        seconds = by_step[last]["ts"] - by_step[first]["ts"]
+        steps = range(first + 1, last + 1)
+        out.append(
+            {
+                "efficiency": global_batch * len(steps) / (rate * seconds),
+                "steps": len(steps),
+                "ideal_ms": 1000 * global_batch / rate,
+                "step_ms": 1000 * seconds / len(steps),
+                "slowest_ms": 1000 * sum(own[s] for s in steps if s in own) / max(1, sum(1 for s in steps if s in own)),
+            }
+        )
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps per run")
@@ -213,10 +316,14 @@ def main() -> int:
     drift_steps = 24 if args.quick else 100
     s124 = [0.25, 0.5, 1.0]  # 1:2:4 as relative speeds (1.0 = 1 ms a sample)
     s1135 = [0.2, 0.2, 0.6, 1.0]  # 1:1:3:5
+    s1358 = [0.125, 0.375, 0.625, 1.0]  # 1:3:5:8, then two drifts: the 8 slows to 4, later the 3 speeds up to 6
+    two_drift_steps = 90 if args.quick else 300
+    changes = [Change(two_drift_steps // 3, 3, 0.5), Change(2 * two_drift_steps // 3, 1, 0.75)]
     out: dict[str, Any] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="polychip-balancing-") as tmp:
-        every = sorted({*s124, *s1135, 0.5})  # 0.5: the fast rank of 1:2:4 after it slows 2x
+        # 0.5: the fast rank of 1:2:4 after it slows 2x; the speeds of 1:3:5:8 before and after its drifts.
+        every = sorted({*s124, *s1135, 0.5, *s1358, *(c.speed for c in changes)})
         profiles = {_flavor(s): {"relative_speed": s} for s in every}
         backend = LocalBackend(tmp, profiles, sample_time_ms=SAMPLE_TIME_MS, telemetry_files=True)
 
@@ -266,6 +373,22 @@ def main() -> int:
                 f"{figures['drift_step']}; first re-split {figures['rebalance_steps']} steps later; "
                 f"re-splits {len(run.rebalances)}, {figures['resplit_cost_ms']:.3f} ms each to decide"
             )
+
+        print(
+            "two drifts: 1:3:5:8, rank 3 slows 8 -> 4 after a third of the steps, rank 1 speeds up 3 -> 6 "
+            "after two thirds ...",
+            flush=True,
+        )
+        run = two_drift_run(tmp, profiles, s1358, two_drift_steps, changes)
+        for p, figures in enumerate(phase_figures(run, s1358, changes, solo), start=1):
+            out[f"efficiency_dynamic_1358_phase{p}"] = round(figures["efficiency"], 4)
+            out[f"step_ms_1358_phase{p}"] = {k: round(figures[k], 2) for k in ("ideal_ms", "slowest_ms", "step_ms")}
+            print(
+                f"  phase {p} ({figures['steps']:.0f} steps): efficiency {figures['efficiency']:.1%}; per step "
+                f"{figures['step_ms']:.1f} ms where the ideal is {figures['ideal_ms']:.1f} ms: the slowest rank's "
+                f"own time {figures['slowest_ms']:.1f} ms, the rest {figures['step_ms'] - figures['slowest_ms']:.1f} ms"
+            )
+        print(f"  re-splits at steps {[r['step'] for r in run.rebalances]}")
     default = BalancerConfig().blend
     best = max(blends, key=lambda b: out[f"efficiency_dynamic_drift_{b}"])
     out["efficiency_dynamic_drift"] = out[f"efficiency_dynamic_drift_{default}"]
