@@ -286,6 +286,15 @@ class QuotaLedger:
             f"cohort has {to_lend} to lend; this job needs {show(amount)}"
         )
 
+    def nominal_room(self, tenant_id: int, resource: str) -> int | None:
+        """What the tenant may still add of ``resource`` within its own nominal quota, whatever the cohort
+        has free; None = not limited (as ``headroom`` says it)."""
+        account = self._account(tenant_id)
+        limit = account.limits.get(resource)
+        if limit is None:
+            return None if resource == NAU or NAU in account.limits else 0
+        return max(0, limit.nominal - account.usage.get(resource, 0))
+
     def would_borrow(self, tenant_id: int, demand: Mapping[str, int]) -> bool:
         """Whether adding the demand takes the tenant above nominal for some limited resource."""
         account = self._account(tenant_id)

@@ -9,6 +9,12 @@
   quota; else, if preempting borrowed work makes room, it gets one with victims; else it waits, and its
   tenant's next job is tried (best-effort FIFO). Each pending job is decided once per cycle.
 
+Two passes, as Kueue orders its heads: first the jobs that fit their tenant's nominal quota, admitted only
+within it (one flavor or a mix); then the rest, which may borrow. A job that fits nominal on paper but could
+only borrow with what is free now is decided in the second pass: capacity a tenant is owed is never lent to
+another first, and a victim of reclaim never comes back ahead of the job that reclaimed its room (else the
+two evict each other cycle after cycle).
+
 Checking a fit costs O(flavors + resources); devices are chosen only for admitted jobs.
 
 Preemption never touches a tenant's nominal share: only jobs admitted as ``borrowing``, from the snapshot
@@ -49,6 +55,7 @@ __all__ = ["assign_flavors", "queue_order", "schedule"]
 logger = logging.getLogger(__name__)
 
 NOW = "now"
+NOMINAL = "nominal"  # now, within the tenant's nominal quota
 RECLAIM = "reclaim"
 PRIORITY = "priority"
 
@@ -241,13 +248,40 @@ class _Cycle:
         heapq.heappush(self.heap, entry)
 
     def _fits_nominal(self, job: PendingJob) -> bool:
-        """Whether some single allowed flavor would keep the job's tenant within nominal."""
-        rates = self.snapshot.nau_rates
-        return any(
-            self.ledger.has_quota(job.tenant_id, flavor)
-            and self.ledger.within_nominal(job.tenant_id, demand_for(job.job_class, {flavor: job.devices}, rates))
-            for flavor in job.flavors
-        )
+        """Whether some assignment of the job's flavors, one flavor or a mix, keeps its tenant within
+        nominal, whatever is free: a mix counts, or a job that only fits nominal as a mix would be
+        decided among the borrowers, after the borrower that its reclaim then evicts."""
+        flavors = tuple(dict.fromkeys(job.flavors))
+        if job.devices <= 0 or not flavors:
+            return True  # decided (and refused, saying why) in the first pass
+        ledger, tenant_id = self.ledger, job.tenant_id
+        rooms = [ledger.nominal_room(tenant_id, flavor) for flavor in flavors]
+        nau_room = ledger.nominal_room(tenant_id, NAU)
+        count, rates = job.devices, self._rates(job, flavors)
+        return assign_flavors(count, flavors, rates, [count] * len(flavors), rooms, nau_room) is not None
+
+    def _nominal_assignment(
+        self, job: PendingJob, flavors: Sequence[str], rates: Sequence[int]
+    ) -> dict[str, int] | None:
+        nominal = self._rooms(job.tenant_id, NOMINAL, None)
+        if nominal is None:
+            raise RuntimeError("_rooms gave no room for NOMINAL, which always has one")
+        rooms, nau_room, free = nominal.vectors(flavors)
+        return assign_flavors(job.devices, flavors, rates, free, rooms, nau_room)
+
+    def _could_only_borrow(self, job: PendingJob) -> bool:
+        """Whether the job fits what is free now as a borrower, but not within its tenant's nominal quota."""
+        flavors = tuple(dict.fromkeys(job.flavors))
+        if job.devices <= 0 or not flavors:
+            return False
+        rates = self._rates(job, flavors)
+        now = self._rooms(job.tenant_id, NOW, None)
+        if now is None:
+            raise RuntimeError("_rooms gave no room for NOW, which always has one")
+        rooms, nau_room, free = now.vectors(flavors)
+        if assign_flavors(job.devices, flavors, rates, free, rooms, nau_room) is None:
+            return False
+        return self._nominal_assignment(job, flavors, rates) is None
 
     def run(self) -> CycleResult:
         # Kueue's order: first every job that fits its tenant's nominal quota, then the jobs that
@@ -281,12 +315,16 @@ class _Cycle:
                 continue  # stale: the tenant's usage or head changed since
             job = self.queues[tenant_id][self.cursor[tenant_id]]
             self.cursor[tenant_id] += 1
-            if would_borrow is not None and not self._fits_nominal(job):
-                # Its tenant's usage only grows in this pass, so it would not fit later either.
+            if would_borrow is not None and (not self._fits_nominal(job) or self._could_only_borrow(job)):
+                # Its tenant's usage only grows in this pass, so it would not fit nominal later either.
+                # A job that fits nominal on paper but, with what is free now, could only borrow goes
+                # with the borrowers too: admitted here, it would take room owed to a within-nominal job
+                # decided after it; that job would reclaim it, its victim would come back ahead of it in
+                # the next cycle's first pass, and the two would evict each other cycle after cycle.
                 would_borrow[tenant_id].append(job)
                 self._push(tenant_id)
                 continue
-            touched = self._decide(job)
+            touched = self._decide(job, nominal_only=would_borrow is not None)
             self._push(tenant_id)
             for other in sorted(touched - {tenant_id}):
                 self._push(other)
@@ -297,8 +335,9 @@ class _Cycle:
         rates = self.snapshot.nau_rates
         return [rates.get((job.job_class, flavor), MILLI) for flavor in flavors]
 
-    def _decide(self, job: PendingJob) -> set[int]:
-        """Admit the job (perhaps preempting) or record why it waits; the tenants whose usage fell."""
+    def _decide(self, job: PendingJob, *, nominal_only: bool = False) -> set[int]:
+        """Admit the job (perhaps preempting) or record why it waits; the tenants whose usage fell.
+        ``nominal_only``: without victims, only within the tenant's nominal quota."""
         tenant_id = job.tenant_id
         flavors = tuple(dict.fromkeys(job.flavors))
         if job.devices <= 0 or not flavors:
@@ -312,6 +351,8 @@ class _Cycle:
             raise RuntimeError("_rooms gave no room for NOW, which always has one")
         rooms, nau_room, free = now.vectors(flavors)
         assignment = assign_flavors(job.devices, flavors, rates, free, rooms, nau_room)
+        if nominal_only:  # the first pass admits within nominal only, a mix if need be (see _pass)
+            assignment = self._nominal_assignment(job, flavors, rates)
         victims: list[AdmittedJob] = []
         mode = ""
         if assignment is None:
@@ -438,6 +479,8 @@ class _Cycle:
         rooms: _Rooms | None
         if mode == NOW:
             rooms = _Rooms(ledger, self.pool, tenant_id)
+        elif mode == NOMINAL:
+            rooms = _Rooms(ledger, self.pool, tenant_id, within=True)
         else:
             cohort = ledger.cohort_key(tenant_id)
             total = self._cohort_give_back(cohort, below)
