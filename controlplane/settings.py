@@ -451,6 +451,10 @@ POLYCHIP_DEVICE_FAILURES_PER_HOUR = float(os.environ.get("POLYCHIP_DEVICE_FAILUR
 # The local backend also keeps every telemetry event of each rank in its run folder (for benchmarks
 # and tests that read what a killed run did last; off by default: the files grow with the steps).
 POLYCHIP_LOCAL_TELEMETRY_FILES = os.environ.get("POLYCHIP_LOCAL_TELEMETRY_FILES", "") in ("1", "true", "yes")
+# Warm rank processes (torch imported, waiting for a rank) that the local backend keeps on this host, so
+# that a restarted job's ranks skip the interpreter's start and torch's imports; 0 keeps none. A claimed
+# one is replaced by a fork of the warm pool in milliseconds, so two serve a job of any size.
+POLYCHIP_LOCAL_STANDBY_RANKS = int(os.environ.get("POLYCHIP_LOCAL_STANDBY_RANKS", "2"))
 # The local backend pads each emulated step to samples * this / relative_speed milliseconds.
 POLYCHIP_LOCAL_SAMPLE_TIME_MS = float(os.environ.get("POLYCHIP_LOCAL_SAMPLE_TIME_MS", "0.5"))
 # The local backend slows the link between a job's vendor groups to this many Gbit/s, so that what

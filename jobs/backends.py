@@ -32,6 +32,7 @@ def get_backend() -> Backend:
             link_shaping=settings.POLYCHIP_LOCAL_LINK_SHAPING,
             telemetry_files=settings.POLYCHIP_LOCAL_TELEMETRY_FILES,
             sandbox=settings.POLYCHIP_SANDBOX,
+            standby_ranks=settings.POLYCHIP_LOCAL_STANDBY_RANKS,
         )
     if settings.POLYCHIP_BACKEND == "kubernetes":
         return _kubernetes_backend()

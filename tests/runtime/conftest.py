@@ -63,5 +63,6 @@ def make_backend(tmp_path: Path, demo_pool: Pool) -> Iterator[Callable[..., Loca
         runs = backend.runs_dir
         if runs.is_dir():
             for run_dir in runs.iterdir():
-                if run_dir.is_dir():
+                if run_dir.is_dir() and run_dir != backend.standby_dir:
                     backend.teardown({"backend": "local", "run_dir": str(run_dir), "job_id": run_dir.name})
+        backend.stop_standby()  # its warm processes too, when a test kept some

@@ -15,6 +15,9 @@ Layout of a run directory ``RUNS_DIR/<job_id>/``:
 - ``storehost.log``: the c10d store's own process's output, capped the same way;
 - ``telemetry.rank<N>.jsonl`` (when ``telemetry_files`` is on): every telemetry event of rank N.
 
+Beside the run directories, ``RUNS_DIR/.standby/`` holds the host's pool of warm standby ranks
+(``runtime.backends.local.standby``, when ``standby_ranks`` > 0): its socket, pid, state and log.
+
 Handles are ``{"backend": "local", "run_dir": str, "job_id": str}``: any process on this host can
 observe or tear down a job from its handle alone.
 """
@@ -40,6 +43,7 @@ from runtime.backends.base import Failure, LaunchRequest, LogPage, Observation, 
 from runtime.backends.launch import check_request, worker_configs
 from runtime.backends.local import netem
 from runtime.backends.local import sandbox as sandbox_module
+from runtime.backends.local import standby as standby_module
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json, tail
 from runtime.backends.local.logs import DEFAULT_CAP_BYTES, check_cap, read_logs
 from runtime.backends.local.procs import pid_alive, signal_group, signal_pid
@@ -112,6 +116,7 @@ class LocalBackend:
         log_cap_bytes: int = DEFAULT_CAP_BYTES,
         sandbox: str = "auto",
         sandbox_uid_base: int = sandbox_module.UID_BASE,
+        standby_ranks: int = 0,
     ) -> None:
         """``profiles`` maps flavor -> {"relative_speed": float} (``Pool.local_profiles``).
 
@@ -140,6 +145,12 @@ class LocalBackend:
         ``sandbox``: ranks of ``python`` and ``torchrun`` jobs (the tenant's own code) run as a user of
         their job (``runtime.backends.local.sandbox``): ``auto`` where this host can switch users (the
         control plane runs as root), ``required`` (refuse to launch otherwise) or ``off``.
+
+        ``standby_ranks``: how many warm rank processes (torch imported, waiting for a rank) this
+        host keeps for the ranks of the next launches, a restart's above all
+        (``runtime.backends.local.standby``); 0 keeps none. The pool starts with the first launch
+        and lives in ``RUNS_DIR/.standby``; ``stop_standby`` (and ``tear_down_every_run``) stops it.
+        Ranks that run as the job's user or in a network namespace always start fresh.
         """
         if sample_time_ms < 0:
             raise ValueError(f"sample_time_ms must be >= 0, got {sample_time_ms}")
@@ -168,6 +179,10 @@ class LocalBackend:
             raise ValueError(f"sandbox: {sandbox!r}; use auto (where this host can switch users), off or required")
         self.sandbox = sandbox
         self.sandbox_uid_base = sandbox_uid_base
+        if standby_ranks < 0:
+            raise ValueError(f"standby_ranks: must be >= 0 (0 keeps no warm ranks), got {standby_ranks}")
+        self.standby_ranks = int(standby_ranks)
+        self.standby_dir = self.runs_dir / ".standby"
 
     def link_for(self, groups: Sequence[int]) -> LinkEmulation:
         """How this backend emulates the cross-group link for a job whose ranks are in ``groups``."""
@@ -305,12 +320,33 @@ class LocalBackend:
                 "link": link.to_json(),
                 "link_note": link_note,
                 **({"fabric": fabric.to_json()} if fabric is not None else {}),
+                **({"standby": {"dir": str(self.standby_dir)}} if self._standby_usable(run_as, link) else {}),
                 "ranks": entries,
             },
         )
 
         if run_as is not None:
             self._hand_over(request, run_dir, work_dir, run_as)
+
+    def _standby_usable(self, run_as: sandbox_module.RunAs | None, link: LinkEmulation) -> bool:
+        """Whether this launch's ranks may be handed to warm standbys, starting the host's pool if
+        it is not running. Ranks of the job's own user or in a network namespace may not."""
+        if self.standby_ranks <= 0 or run_as is not None or link.mode == "netns":
+            return False
+        if standby_module.unavailable_reason(self.standby_dir) is not None:
+            return False
+        # Started by the first launch, it warms up behind it: the next launch (a restart) finds it ready.
+        standby_module.start_pool(self.standby_dir, self.standby_ranks, self.python, self.standby_env())
+        return True
+
+    def standby_env(self) -> dict[str, str]:
+        """The environment the standbys start with: a rank's, less what belongs to one job (a
+        claim's environment may differ only there: ``standby.LATE_ENV``)."""
+        return self._base_env(self.standby_dir / "home")
+
+    def stop_standby(self) -> bool:
+        """Stop the host's standby pool and its warm processes; True when one was running."""
+        return standby_module.stop_pool(self.standby_dir)
 
     def _run_as(self, request: LaunchRequest) -> sandbox_module.RunAs | None:
         """The job's own user for the tenant's code, when this host can switch users (``sandbox``)."""
@@ -348,10 +384,22 @@ class LocalBackend:
         """Everything a rank's environment holds: what its job needs, nothing of the control plane's
         (no database URL, no secret key, no other job's anything). The S3 settings of the checkpoint
         store pass through, since the ranks write their checkpoints there."""
+        env = self._base_env(work_dir)
+        env["POLYCHIP_JOB_ID"] = request.job_id
+        env["POLYCHIP_ARTIFACTS_DIR"] = request.artifacts_dir
+        checkpoint_dir = _local_store_dir(request.checkpoint_url)
+        if checkpoint_dir is not None:
+            # Where a torchrun script keeps its own checkpoints: the job's store, across its attempts.
+            env["POLYCHIP_CHECKPOINT_DIR"] = str(checkpoint_dir)
+        env.update(request.workload.env)
+        return env
+
+    def _base_env(self, home: Path) -> dict[str, str]:
+        """What every rank's environment holds, whatever its job."""
         python_dir = str(Path(self.python).parent)
         env = {
             "PATH": os.pathsep.join((python_dir, "/usr/local/bin", "/usr/bin", "/bin")),
-            "HOME": str(work_dir),
+            "HOME": str(home),
             "LANG": "C.UTF-8",
             "PYTHONPATH": str(_project_root()),
             "PYTHONUNBUFFERED": "1",
@@ -359,21 +407,14 @@ class LocalBackend:
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
             "OPENBLAS_NUM_THREADS": "1",
-            "POLYCHIP_JOB_ID": request.job_id,
-            "POLYCHIP_ARTIFACTS_DIR": request.artifacts_dir,
         }
         if sys.platform.startswith("linux"):
             # All ranks talk over loopback; without this gloo resolves the hostname, which fails in
             # some containers.
             env["GLOO_SOCKET_IFNAME"] = "lo"
-        checkpoint_dir = _local_store_dir(request.checkpoint_url)
-        if checkpoint_dir is not None:
-            # Where a torchrun script keeps its own checkpoints: the job's store, across its attempts.
-            env["POLYCHIP_CHECKPOINT_DIR"] = str(checkpoint_dir)
         for name, value in os.environ.items():
             if name.startswith("AWS_") or name == STORE_ENDPOINT_ENV:
                 env[name] = value
-        env.update(request.workload.env)
         return env
 
     def _hand_over(self, request: LaunchRequest, run_dir: Path, work_dir: Path, run_as: sandbox_module.RunAs) -> None:
@@ -509,10 +550,12 @@ class LocalBackend:
         """Tear down every run under the runs folder that still has a process (``polychip down``: a
         stopped control plane leaves no training behind). Returns the run folders it stopped."""
         stopped = []
-        for run_dir in sorted(p for p in self.runs_dir.glob("*") if p.is_dir()):
+        for run_dir in sorted(p for p in self.runs_dir.glob("*") if p.is_dir() and p != self.standby_dir):
             if self._alive_pids(run_dir) != (None, []):
                 self.teardown({"backend": self.name, "run_dir": str(run_dir)})
                 stopped.append(str(run_dir))
+        # After the runs (a claimed rank is the pool's child): the warm processes go too.
+        self.stop_standby()
         return stopped
 
     def _alive_pids(self, run_dir: Path) -> tuple[int | None, list[int]]:
@@ -520,10 +563,12 @@ class LocalBackend:
         sup_pid = _read_pid(run_dir / PID_FILE)
         if sup_pid is not None and not pid_alive(sup_pid, str(run_dir)):
             sup_pid = None
+        status = read_json(run_dir / STATUS_FILE)
+        marks = _standby_marks(status)
         ranks = [
             r.pid
-            for r in _rank_states(read_json(run_dir / STATUS_FILE))
-            if r.pid is not None and pid_alive(r.pid, str(run_dir / f"rank{r.rank}.json"))
+            for r in _rank_states(status)
+            if r.pid is not None and pid_alive(r.pid, marks.get(r.rank) or str(run_dir / f"rank{r.rank}.json"))
         ]
         return sup_pid, ranks
 
@@ -614,6 +659,17 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def _standby_marks(status: Any) -> dict[int, str]:
+    """Rank -> the command-line mark of the standby that runs it (``runtime.backends.local.standby``)."""
+    entries = status.get("ranks") if isinstance(status, dict) else None
+    marks = {}
+    for entry in entries if isinstance(entries, list) else ():
+        pool = entry.get("standby") if isinstance(entry, dict) else None
+        if isinstance(pool, dict) and isinstance(pool.get("mark"), str) and isinstance(entry.get("rank"), int):
+            marks[entry["rank"]] = pool["mark"]
+    return marks
 
 
 def _failures(status: Any) -> tuple[Failure, ...]:

@@ -16,6 +16,11 @@ leads its own process group, which ``teardown`` signals as a whole. It then:
 
 SIGTERM, SIGINT or SIGHUP to the supervisor tears the ranks down the same way, status ``failed``.
 
+When launch.json names a ``standby`` pool, the store's process and each rank are handed to a warm
+standby of the host (``runtime.backends.local.standby``) instead of a fresh interpreter, where that is
+safe (not as the job's user, not in a network namespace, the same start-up environment); status.json
+records which ranks ran in one (``standby``) and why others started fresh (``standby_note``).
+
 When launch.json's ``link`` mode is ``netns``, the supervisor first builds the job's link fabric
 (``runtime.backends.local.netem``: a network namespace per vendor group, shaped by ``tc``) from
 launch.json's ``fabric`` plan, starts each rank inside its group's namespace, relays the ranks'
@@ -38,7 +43,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-from runtime.backends.local import netem, sandbox
+from runtime.backends.local import netem, sandbox, standby
 from runtime.backends.local.files import atomic_write_json, atomic_write_text, read_json
 from runtime.backends.local.logs import DEFAULT_CAP_BYTES, CapturedOutput, check_cap, last_lines, rank_log
 from runtime.backends.local.procs import die_with_parent, signal_pid, wants_cpu
@@ -83,7 +88,7 @@ class _Rank:
     rank: int
     argv: list[str]
     log: Path  # rank_log(): where its output is kept
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | standby.StandbyProc | None = None
     exit_code: int | None = None
     exited_at: float | None = None  # wall clock
     terminated_by_us: bool = False
@@ -94,6 +99,7 @@ class _Rank:
     cause: str | None = None
     detected_at: float | None = None
     output: CapturedOutput | None = None  # its stdout and stderr on their way to ``log``
+    spawned_at: float | None = None  # wall clock: when it was started or handed to a standby
 
 
 def _describe_exit(code: int) -> str:
@@ -134,13 +140,17 @@ class Supervisor:
         self.heartbeat_timeout_s = DEFAULT_HEARTBEAT_TIMEOUT_S
         # The c10d store's own process (launch.json "store_host": {"host", "port"}), when the ranks use one.
         self.store_host: tuple[str, int] | None = None
-        self.store_proc: subprocess.Popen[bytes] | None = None
+        self.store_proc: subprocess.Popen[bytes] | standby.StandbyProc | None = None
         # What launch.json says the ranks get: their whole environment (None: this process's, for a
         # launch.json written before there was one) and the job's user to run them as (None: ours).
         self.launch_env: dict[str, str] | None = None
         self.run_as: sandbox.RunAs | None = None
         self.store_output: CapturedOutput | None = None
         self.log_cap_bytes = DEFAULT_CAP_BYTES
+        # launch.json "standby": {"dir"}: the host's pool of warm rank processes to claim from
+        # (``runtime.backends.local.standby``); None: every rank starts fresh.
+        self.standby_dir: Path | None = None
+        self.standby_note = ""
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stop_reason is None:
@@ -162,10 +172,19 @@ class Supervisor:
                         "rank": r.rank,
                         "pid": r.proc.pid if r.proc else None,
                         "exit_code": r.exit_code,
+                        "spawned_at": r.spawned_at,
                         **({"cause": r.cause, "detected_at": r.detected_at} if r.cause else {}),
+                        # A standby's command line does not name the rank's config: teardown checks
+                        # the pid against this mark instead.
+                        **(
+                            {"standby": {"mark": r.proc.mark, "started_at": r.proc.started_at}}
+                            if isinstance(r.proc, standby.StandbyProc)
+                            else {}
+                        ),
                     }
                     for r in self.ranks
                 ],
+                **({"standby_note": self.standby_note} if self.standby_note else {}),
                 **({"failure": failure} if (failure := self._first_failure()) else {}),
                 **({"failures": failures} if (failures := self._own_failures()) else {}),
             },
@@ -251,6 +270,9 @@ class Supervisor:
             self.log_cap_bytes = check_cap(launch.get("log_cap_bytes", DEFAULT_CAP_BYTES))
         except (KeyError, TypeError, ValueError) as exc:
             return f"{self.run_dir / LAUNCH_FILE}: bad entry ({exc!r})"
+        pool = launch.get("standby")
+        if isinstance(pool, dict) and isinstance(pool.get("dir"), str):
+            self.standby_dir = Path(pool["dir"])
         link = launch.get("link")
         if isinstance(link, dict) and link.get("mode") == "netns":
             return self._load_fabric(launch, entries)
@@ -321,6 +343,14 @@ class Supervisor:
         try:
             self.store_output = CapturedOutput(self.run_dir / STORE_LOG, self.log_cap_bytes)
             with self.store_output.pipes() as (stdout, stderr):
+                # Warm too where the ranks may be: a store that imports torch afresh holds up the
+                # rendezvous of ranks that did not.
+                if self.standby_dir is not None and self.fabric is None:
+                    proc, why = self._claim(argv, stdout, stderr, env, self.run_dir)
+                    if proc is not None:
+                        self.store_proc = proc
+                        return None
+                    self.standby_note = f"the store started fresh: {why}"
                 self.store_proc = self._start(argv, stdout, stderr, env)
         except OSError as exc:
             return f"the rendezvous store could not be started: {exc}"
@@ -364,12 +394,33 @@ class Supervisor:
         # The tenant's code starts in its unpacked bundle, where its relative paths point.
         code = self.run_dir / "work" / "code"
         cwd = code if code.is_dir() else self.run_dir
+        # A standby cannot drop to the job's user (setpriv acts before the interpreter starts) nor
+        # enter a network namespace: those ranks always start fresh.
+        warm = self.standby_dir is not None and self.run_as is None and self.fabric is None
+        notes: list[str] = []
         for r in self.ranks:
             argv = sandbox.wrap(r.argv, self.run_as) if self.run_as is not None else r.argv
             argv = self.fabric.wrap(argv, self.rank_groups[r.rank]) if self.fabric is not None else argv
             r.output = CapturedOutput(r.log, self.log_cap_bytes)
             with r.output.pipes() as (stdout, stderr):
+                r.spawned_at = time.time()
+                if warm:
+                    proc, why = self._claim(argv, stdout, stderr, env, cwd)
+                    if proc is not None:
+                        r.proc = proc
+                        continue
+                    notes.append(f"rank {r.rank}: {why}")
                 r.proc = self._start(argv, stdout, stderr, env, cwd)
+        if notes:
+            self.standby_note = "; ".join(filter(None, (self.standby_note, "started fresh: " + "; ".join(notes))))
+
+    def _claim(
+        self, argv: list[str], stdout: int, stderr: int, env: dict[str, str], cwd: Path
+    ) -> tuple[standby.StandbyProc | None, str]:
+        """``argv`` ([python, "-m", module, *arguments]) run in one of the host's warm standbys."""
+        if self.standby_dir is None or argv[1:2] != ["-m"]:
+            return None, "no standby pool"
+        return standby.claim(self.standby_dir, argv[0], argv[2], argv[3:], env, cwd, stdout, stderr)
 
     def _start(
         self, argv: list[str], stdout: int, stderr: int, env: dict[str, str], cwd: Path | None = None
@@ -388,7 +439,7 @@ class Supervisor:
             preexec_fn=lambda: die_with_parent(me),
         )
 
-    def _alive(self) -> list[tuple[_Rank, subprocess.Popen[bytes]]]:
+    def _alive(self) -> list[tuple[_Rank, subprocess.Popen[bytes] | standby.StandbyProc]]:
         """Each rank that was started and has not exited, with its process."""
         return [(r, r.proc) for r in self.ranks if r.proc is not None and r.exit_code is None]
 
