@@ -9,7 +9,12 @@
    Per trial:
    - detect_s: the kill to the supervisor's detection (the failure's detected_at);
    - observe_s: the kill to the control plane's "failure detected" event;
-   - kill_to_resume_s: the kill to the first step of the restored attempt (target: under 30 s);
+   - kill_to_resume_s: the kill to the first step of the restored attempt (target: median under 8 s,
+     max under 15 s on a 2-core host), and its parts one after the other (``SPLIT``): split_detect_s,
+     split_freeze_s (the control plane observes, tears down, freezes), split_reallocate_s (devices
+     chosen, next attempt launched, its supervisor starts the ranks), split_start_s (the ranks ready:
+     interpreter, torch and code loaded, fresh or in a warm standby), split_rendezvous_s,
+     split_restore_s, split_first_step_s; warm_ranks: the restarted ranks that ran in a standby;
    - steps_lost: the killed attempt's last step (its survivors' telemetry) minus the step restored;
    - final_loss_gap: (L_trial - L_ref) / (L_initial - L_ref) at the final step.
    Between trials the operator's command returns the device that recovery marked failed.
@@ -36,6 +41,7 @@ import copy
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -92,7 +98,10 @@ def _wait(predicate: Any, timeout_s: float, what: str) -> Any:
 def _run_dirs(runs: Path, job_id: int) -> list[Path]:
     """The job's run folders, one per attempt, in attempt order."""
     found = [d for d in runs.glob(f"job-{job_id}-*") if d.is_dir()]
-    return sorted(found, key=lambda d: int(d.name.rsplit("-a", 1)[1]) if "-a" in d.name.split("-")[-1] else 0)
+    # The first attempt's folder has no suffix, the next ones end in "-a1", "-a2", ...
+    return sorted(
+        found, key=lambda d: int(d.name.rsplit("-a", 1)[1]) if re.fullmatch(r"a\d+", d.name.split("-")[-1]) else 0
+    )
 
 
 def _step_events(run_dir: Path) -> list[dict[str, Any]]:
@@ -139,7 +148,7 @@ def kill_trials(trials: int) -> dict[str, Any]:
             cli(env, "down")
     recovered = [r for r in results if r["recovered"]]
     figures: dict[str, Any] = {"trials": trials, "recovered": len(recovered)}
-    for name in ("detect_s", "observe_s", "kill_to_resume_s", "steps_lost", "final_loss_gap"):
+    for name in ("detect_s", "observe_s", "kill_to_resume_s", "steps_lost", "final_loss_gap", *SPLIT, "warm_ranks"):
         values = [r[name] for r in recovered if r[name] is not None]
         figures[name] = round(statistics.median(values), 4) if values else None
         figures[f"{name}_max"] = round(max(values, key=abs), 4) if values else None
@@ -172,6 +181,11 @@ def _trial(client: Client, runs: Path, env: dict[str, str], trial: int, first: f
         "steps_lost": _last_step(run_dir) - restored["step"] if restored else None,
         "final_loss_gap": (float(job["loss"]["last"]) - last) / (first - last) if ok else None,
     }
+    attempts = _run_dirs(runs, job_id)
+    if ok and failure and restored and resumed and len(attempts) > 1:
+        result |= _split(events["events"], attempts[1], failure["detected_at"], restored, resumed) | {
+            "split_detect_s": failure["detected_at"] - killed_at
+        }
     shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}
     print(f"  trial {trial}: kill rank {victim} at step >= {kill_at}: {shown}", flush=True)
     # The operator returns the device that recovery marked failed, so the pool stays the same size.
@@ -183,6 +197,53 @@ def _trial(client: Client, runs: Path, env: dict[str, str], trial: int, first: f
         capture_output=True,
     )
     return result
+
+
+# Where the time from the kill to the first step goes, one after the other (they add up to
+# kill_to_resume_s): the supervisor sees the rank die; the control plane observes it, stops the run and
+# freezes the job (the "frozen" event); it chooses the devices and launches the next attempt, whose
+# supervisor starts its ranks (their earliest start, from its status); the ranks load the interpreter,
+# torch and the code, fresh or in a warm standby (the last rank ready, from the "started" events'
+# ready_ts); they join the rendezvous (the last "started"); rank 0 restores the checkpoint ("restored");
+# the first step ends ("resumed").
+SPLIT = (
+    "split_detect_s",
+    "split_freeze_s",
+    "split_reallocate_s",
+    "split_start_s",
+    "split_rendezvous_s",
+    "split_restore_s",
+    "split_first_step_s",
+)
+
+
+def _split(
+    events: list[dict[str, Any]], next_run: Path, detected_at: float, restored: dict[str, Any], resumed: dict[str, Any]
+) -> dict[str, Any]:
+    frozen = [e for e in events if str(e.get("message", "")).startswith("frozen")]
+    status = json.loads((next_run / "status.json").read_text())
+    spawned = [r["spawned_at"] for r in status["ranks"] if r.get("spawned_at")]
+    started: dict[int, dict[str, Any]] = {}
+    for path in next_run.glob("telemetry.rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("kind") == "started":
+                started[event["rank"]] = event
+    if not frozen or not spawned or len(started) != len(status["ranks"]):
+        return {}
+    frozen_at = datetime.fromisoformat(frozen[0]["created_at"]).timestamp()
+    ready = max(e.get("ready_ts", e["ts"]) for e in started.values())
+    joined = max(e["ts"] for e in started.values())
+    return {
+        "split_freeze_s": frozen_at - detected_at,
+        "split_reallocate_s": min(spawned) - frozen_at,
+        "split_start_s": ready - min(spawned),
+        "split_rendezvous_s": joined - ready,
+        "split_restore_s": restored["ts"] - joined,
+        "split_first_step_s": resumed["ts"] - restored["ts"],
+        # Ranks of the restarted attempt that ran in a warm standby (runtime.backends.local.standby).
+        "warm_ranks": sum(1 for r in status["ranks"] if r.get("standby")),
+    }
 
 
 # --- 2. checkpoint stall --------------------------------------------------------------------------

@@ -214,12 +214,16 @@ class TrainingContext:
             raise RuntimeError("a torch.distributed process group already exists in this process")
         # Several ranks share a few cores; intra-op threads would only fight over them.
         torch.set_num_threads(1)
+        # The rank is ready (interpreter, torch and the code loaded) and about to join the
+        # rendezvous: the "started" event's ts minus this is the rendezvous (bench/recovery.py).
+        ready_ts = time.time()
         self._telemetry.start()
         try:
             _init_process_group(self.config)
             self._group_ready = True
             self._telemetry.emit(
                 "started",
+                ready_ts=round(ready_ts, 4),
                 world_size=self.world_size,
                 steps=self.total_steps,
                 micro_batch=self.config.micro_batch,
