@@ -14,6 +14,14 @@
   feedback, ring all-reduced, with the bucket's vectors dense beside the P's).
 
 Every rank ends each step with the same gradient, bit for bit: each sum is computed once and copied.
+
+A step's few other numbers to be summed over the ranks (the worker's loss, speeds, split fingerprints
+and stop flags: ``extras``) ride with the last bucket, so that a step makes one exchange, not two: with
+fp32 traffic (``none``) they are appended to that bucket's buffer and summed in the same collective,
+the gradient entries unchanged (the same sums of the same values); with a compressed or low-precision
+policy they cannot share its payload (top-k would drop them, fp16's scale would be set by a split
+fingerprint), so they follow it in a small fp32 all-reduce of their own, still in the exchange thread,
+overlapped like the buckets.
 """
 
 from __future__ import annotations
@@ -113,10 +121,11 @@ class _Bucket:
     DDP's ``gradient_as_bucket_view``), so the backward pass accumulates straight into what is sent:
     no copy of millions of entries before each exchange."""
 
-    def __init__(self, params: list[nn.Parameter]) -> None:
+    def __init__(self, params: list[nn.Parameter], room: int = 0) -> None:
         self.params = params
         self.numel = sum(p.numel() for p in params)
-        self.grads = torch.zeros(self.numel)
+        # ``room``: fp32 slots after the gradients, for the step's extras that ride with this bucket.
+        self.grads = torch.zeros(self.numel + room)
         self.sums = torch.zeros(0)  # the sparse policies' result, reused from step to step
         self.ready = threading.Event()
         self.pending = len(params)
@@ -142,9 +151,18 @@ class _Bucket:
 
 class GradientReducer:
     def __init__(
-        self, params: Sequence[nn.Parameter], plan: CommSpec, transport: Transport, layout: Layout, *, seed: int = 0
+        self,
+        params: Sequence[nn.Parameter],
+        plan: CommSpec,
+        transport: Transport,
+        layout: Layout,
+        *,
+        seed: int = 0,
+        extras: int = 0,
     ) -> None:
-        """``plan``: the job's comm spec with ``auto`` already resolved to a policy."""
+        """``plan``: the job's comm spec with ``auto`` already resolved to a policy. ``extras``: how many
+        fp32 values each step sums over all ranks beside the gradients (given to ``arm`` or ``finish``,
+        read from ``extras_sum``)."""
         self.plan = plan
         self.transport = transport
         self.layout = layout
@@ -153,9 +171,18 @@ class GradientReducer:
         self.is_leader = self.group[0] == self.rank
         params = list(params)
         bucket_bytes = max(1, int(plan.bucket_mb * 2**20))
+        self.extras = extras
+        # Appended to the last bucket only where its exchange is a plain fp32 sum: the other policies
+        # compress or scale the payload as a whole (see the module's docstring).
+        self.folded = extras > 0 and plan.compression == "none"
+        order = plan_buckets([p.numel() for p in params], bucket_bytes)
         self.buckets = [
-            _Bucket([params[i] for i in idx]) for idx in plan_buckets([p.numel() for p in params], bucket_bytes)
+            _Bucket([params[i] for i in idx], extras if self.folded and b == len(order) - 1 else 0)
+            for b, idx in enumerate(order)
         ]
+        self._extras_in = torch.zeros(extras)
+        self._extras_set = False
+        self.extras_sum = torch.zeros(extras)
         if plan.compression == "topk":
             for bucket in self.buckets:
                 bucket.codec = TopKCodec(plan.density, warmup_steps=plan.warmup_steps)
@@ -190,6 +217,7 @@ class GradientReducer:
             bucket.pending = len(bucket.params)
             bucket.attach()
         self._armed = False
+        self._extras_set = False
         self._stats = StepComm()
         self._error = None
         self._done.clear()
@@ -197,9 +225,22 @@ class GradientReducer:
             self._thread = threading.Thread(target=self._reduce_all, name=REDUCER_THREAD, daemon=True)
             self._thread.start()
 
-    def arm(self) -> None:
-        """Before the step's last backward pass: from now on a finished gradient is final."""
+    def arm(self, extras: torch.Tensor | None = None) -> None:
+        """Before the step's last backward pass: from now on a finished gradient is final. ``extras``,
+        when known by now, are this rank's values for the step's extras (else give them to ``finish``):
+        the last bucket may leave before ``finish``, overlapped with the rest of the step."""
+        if extras is not None:
+            self._set_extras(extras)
         self._armed = True
+
+    def _set_extras(self, values: torch.Tensor) -> None:
+        if values.numel() != self.extras:
+            raise ValueError(f"extras: {values.numel()} values given; this exchange carries {self.extras}")
+        if self.folded:
+            self.buckets[-1].grads[self.buckets[-1].numel :].copy_(values.reshape(-1))
+        else:
+            self._extras_in.copy_(values.reshape(-1))
+        self._extras_set = True
 
     def _make_hook(self, bucket: _Bucket):  # type: ignore[no-untyped-def]
         def hook(param: nn.Parameter) -> None:
@@ -210,9 +251,14 @@ class GradientReducer:
 
         return hook
 
-    def finish(self) -> StepComm:
+    def finish(self, extras: torch.Tensor | None = None) -> StepComm:
         """After the compute (and the step hooks): wait for every bucket; the gradients are then the
-        sums over all ranks. Returns the step's figures."""
+        sums over all ranks, and ``extras_sum`` the extras' sums. ``extras``: this rank's values, if
+        ``arm`` was not given them (a rank without samples never arms). Returns the step's figures."""
+        if self.extras and not self._extras_set:
+            if extras is None:
+                raise ValueError(f"finish(): this exchange carries {self.extras} extras; give them to arm or finish")
+            self._set_extras(extras)
         waited_from = time.monotonic()
         for bucket in self.buckets:  # a rank without samples, or a parameter the loss did not reach
             bucket.ready.set()
@@ -255,7 +301,15 @@ class GradientReducer:
                 if self._aborted:
                     return
                 started = time.monotonic()
-                bucket.write_back(self._reduce(bucket, bucket.grads))
+                flat = self._reduce(bucket, bucket.grads)
+                if self.folded and bucket is self.buckets[-1]:
+                    self.extras_sum = flat[bucket.numel :].clone()
+                bucket.write_back(flat)
+                self._stats.collective_s += time.monotonic() - started
+            if self.extras and not self.folded and not self._aborted:
+                started = time.monotonic()
+                everyone = list(range(len(self.transport.vendor_groups)))
+                self.extras_sum = ring_allreduce(self.transport, everyone, self._extras_in)
                 self._stats.collective_s += time.monotonic() - started
         except BaseException as exc:  # surfaced on the main thread by finish()
             self._error = exc

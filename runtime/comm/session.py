@@ -68,7 +68,9 @@ def open_exchange(
     vendor_groups: Sequence[int],
     link: LinkEmulation | None = None,
     seed: int = 0,
+    extras: int = 0,
 ) -> Exchange:
+    """``extras``: fp32 values per step summed over the ranks with the gradients (``GradientReducer``)."""
     throttle = LinkThrottle(link.gbit * 1e9) if link is not None and link.mode == "token_bucket" else None
     transport = Transport(rank, vendor_groups, throttle)
     layout = Layout.of(vendor_groups, spec.hierarchical)
@@ -97,5 +99,5 @@ def open_exchange(
     else:
         reason = f"{compression}, as the job spec asks"
     plan = dataclasses.replace(spec, compression=compression, density=density, rank=lowrank_rank)
-    reducer = GradientReducer(params, plan, transport, layout, seed=seed)
+    reducer = GradientReducer(params, plan, transport, layout, seed=seed, extras=extras)
     return Exchange(reducer, transport, plan, reason, measured)

@@ -12,11 +12,16 @@ The step protocol (every rank, every step) that ``TrainingContext`` runs for the
 3. The gradients are summed over all ranks by ``runtime.comm``'s ``GradientReducer``: in buckets,
    each sent as soon as the last backward pass finished it (overlapping the rest of the backward
    pass and the hooks), hierarchically across vendor groups, under the job's compression policy.
-   Then one small SUM all-reduce of the rank's summed loss, its samples/s at its own index, its
-   split fingerprint (zeros elsewhere) and whether it was asked to stop. Each sample of the global
-   batch appears in exactly one rank's chunk, so the summed gradient is ``(sum over all B samples of
-   grad loss) / B``: the gradient of the global-batch mean, the same as one process on the whole
-   batch, for any split and any number of chunks (exactly so with ``compression: none``).
+   The last bucket carries the step's other sums (SUM over ranks, one writer per slot): the rank's
+   summed loss, its samples/s at its own index, its split fingerprint (zeros elsewhere) and whether
+   it was asked to stop. They are written when the last backward pass begins, so that this one
+   exchange leaves while the step's tail (the hooks) still runs: a second collective after the
+   hooks would wait for the slowest rank and then cost a round trip on every step. The speed it
+   carries is therefore the rank's previous step's (its own time is known only after the hooks):
+   the balancer decides on speeds one step old, every rank on the same ones. Each sample of the
+   global batch appears in exactly one rank's chunk, so the summed gradient is ``(sum over all B
+   samples of grad loss) / B``: the gradient of the global-batch mean, the same as one process on
+   the whole batch, for any split and any number of chunks (exactly so with ``compression: none``).
 4. The optimizer steps (the same update on every rank, so parameters stay identical), rank 0 saves
    a checkpoint when the schedule says so, and the balancer (the same on every rank, fed the same
    all-reduced speeds) may choose a new split, which all ranks take from the next step on.
@@ -48,7 +53,6 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime.balancing import Balancer, Decision, Split
-from runtime.comm.collectives import ring_allreduce
 from runtime.comm.reducer import StepComm, exchange_still_running, policy_label
 from runtime.comm.session import Exchange, open_exchange
 from runtime.jobspec import WorkloadSpec
@@ -167,6 +171,9 @@ class TrainingContext:
         self._step_started = 0.0
         self._chunks_done = 0
         self._loss_sum = torch.zeros(())
+        self._extras_given = False  # this step's extras went with arm() (the last chunk's backward)
+        self._stop_reason: str | None = None  # read when the extras were written
+        self._previous_rate = 0.0  # this rank's own samples/s in its previous step (0: none yet)
         self._pending_metrics: dict[str, float] = {}
         # What step() measured, for the end of the step: its loss, its telemetry, the stop request.
         self._ended: _Ended | None = None
@@ -320,7 +327,13 @@ class TrainingContext:
         config = self.config
         groups = config.vendor_groups if config.vendor_groups is not None else (0,) * config.world_size
         exchange = open_exchange(
-            params, config.comm, rank=config.rank, vendor_groups=groups, link=config.link, seed=config.workload.seed
+            params,
+            config.comm,
+            rank=config.rank,
+            vendor_groups=groups,
+            link=config.link,
+            seed=config.workload.seed,
+            extras=2 + 2 * config.world_size,  # the loss, a speed and a fingerprint per rank, the stop flag
         )
         self._telemetry.emit(
             "comm",
@@ -362,6 +375,7 @@ class TrainingContext:
         self._step_started = time.monotonic()
         self._chunks_done = 0
         self._loss_sum = torch.zeros(())
+        self._extras_given = False
         self._before = self._exchange.transport.counters.snapshot()
         self._exchange.reducer.begin_step()  # zeroes the gradient buckets that backward accumulates into
 
@@ -388,10 +402,25 @@ class TrainingContext:
         if loss_sum.dim() != 0:
             raise SdkError("backward(loss_sum): give the chunk's summed loss, a scalar (reduction='sum')")
         if self._chunks_done == len(chunks) - 1:
-            self._exchange.reducer.arm()  # this backward pass finishes the gradients: buckets may go
+            # This backward pass finishes the gradients: buckets may go, the last with the step's extras.
+            self._exchange.reducer.arm(self._extras(self._loss_sum + loss_sum.detach()))
+            self._extras_given = True
         (loss_sum / self.global_batch).backward()  # type: ignore[no-untyped-call]  # torch: no annotations
         self._loss_sum += loss_sum.detach()
         self._chunks_done += 1
+
+    def _extras(self, loss_sum: torch.Tensor) -> torch.Tensor:
+        """This rank's slots of the step's extras: the loss, its previous step's speed and its split's
+        fingerprint (one writer per slot, so its sum is that rank's value on every rank), and whether
+        it was asked to stop (their sum: how many were), so that every rank stops after the same step."""
+        world, rank = self.world_size, self.rank
+        extra = torch.zeros(2 + 2 * world, dtype=torch.float32)
+        extra[0] = loss_sum
+        extra[1 + rank] = self._previous_rate
+        extra[1 + world + rank] = split_fingerprint(self._split)
+        self._stop_reason = stop_request(self.config)
+        extra[1 + 2 * world] = 1.0 if self._stop_reason is not None else 0.0
+        return extra
 
     def step(self) -> float:
         """Exchange the gradients, step the optimizer, checkpoint, re-balance; returns the global
@@ -406,7 +435,7 @@ class TrainingContext:
             raise SdkError(
                 f"step {self._step}: backward() ran for {self._chunks_done} of this rank's {len(chunks)} chunk(s)"
             )
-        step, started, config, world = self._step, self._step_started, self.config, self.world_size
+        step, started, world = self._step, self._step_started, self.world_size
         exchange = self._exchange
         samples = sum(hi - lo for lo, hi in chunks)
         compute_time = time.monotonic() - started
@@ -418,23 +447,17 @@ class TrainingContext:
         own_time = time.monotonic() - started
         own_rate = samples / own_time if own_time > 0 else 0.0
 
-        comm = exchange.reducer.finish()  # the gradients are now the sums over all ranks
-        # The loss, everyone's own speed and split fingerprint (one writer per slot, so its sum is
-        # that rank's value on every rank), and how many ranks were asked to stop, so that every rank
-        # stops after the same step.
-        extra = torch.zeros(2 + 2 * world, dtype=torch.float32)
-        extra[0] = self._loss_sum
-        extra[1 + config.rank] = own_rate
-        extra[1 + world + config.rank] = split_fingerprint(self._split)
-        stop_reason = stop_request(config)
-        extra[1 + 2 * world] = 1.0 if stop_reason is not None else 0.0
-        sums = ring_allreduce(exchange.transport, exchange.all_ranks(), extra).tolist()
+        # The gradients are now the sums over all ranks, and the extras' sums came with the last bucket
+        # (a rank without samples never armed: its extras go now).
+        comm = exchange.reducer.finish(None if self._extras_given else self._extras(self._loss_sum))
+        sums = exchange.reducer.extras_sum.tolist()
+        stop_reason = self._stop_reason
         if self._optimizer is not None:
             self._optimizer.step()
         moved = exchange.transport.counters.since(self._before)
         self._totals.add(comm, moved.intra_bytes, moved.cross_bytes)
         loss = float(sums[0]) / self.global_batch
-        speeds = sums[1 : 1 + world]
+        speeds = sums[1 : 1 + world]  # measured in the previous step
         fingerprints = sums[1 + world : 1 + 2 * world]
         if len(set(fingerprints)) > 1:
             raise RuntimeError(f"step {step}: the ranks disagree on the split (fingerprints {fingerprints})")
@@ -443,7 +466,9 @@ class TrainingContext:
         step_split = self._split
         decision: Decision | None = None
         decide_time = 0.0
-        if self._balancer is not None and step > 1:  # step 1 includes the rendezvous: not a speed
+        # The speeds are the previous step's: none before this process's first step, and step 1's
+        # include the rendezvous (not a speed).
+        if self._balancer is not None and step > max(2, self.start_step):
             decide_started = time.monotonic()
             if self._rebalancer is not None:
                 decision = self._rebalancer.observe(step, speeds)
@@ -455,6 +480,7 @@ class TrainingContext:
                 if self._rebalancer is not None:
                     self._rebalancer.rebalanced(step, step_split, decision, decide_time)
 
+        self._previous_rate = own_rate
         step_time = time.monotonic() - started
         fields: dict[str, Any] = {
             "step": step,

@@ -87,6 +87,37 @@ def _worker(rank: int, world: int, port: int, out_dir: str, groups: list[int], s
             result["bf16"] = ring_allreduce(
                 transport, list(range(world)), _grads(rank, 0)[0].reshape(-1), torch.bfloat16
             ).tolist()
+        elif scenario == "extras":
+            # Per policy and layout: the gradients with extras riding along, and without, from the same
+            # inputs; the extras' sums; whether they were folded into the last bucket.
+            for compression in ("none", "fp16"):
+                for hierarchical in (True, False):
+                    for overlap in (True, False):
+                        key = f"{compression}-h{int(hierarchical)}o{int(overlap)}"
+                        plan = CommSpec(compression, bucket_mb=0.01, overlap=overlap, hierarchical=hierarchical)
+                        layout = Layout.of(groups, hierarchical)
+                        params = _params()
+                        plain = GradientReducer(params, plan, transport, layout)
+                        result[f"{key}-plain"] = [t.tolist() for t in _run_reducer(plain, params, _grads(rank, 0))]
+                        plain.close()
+                        params = _params()
+                        fused = GradientReducer(params, plan, transport, layout, extras=world + 1)
+                        # One writer per slot (its rank), and a value every rank adds to (the last).
+                        extras = torch.zeros(world + 1)
+                        extras[rank] = 1000.0 * (rank + 1) + 0.25
+                        extras[world] = 2.0**20 + rank  # a fingerprint-sized number: exact in fp32
+                        # Ranks that arm with the extras and ranks that give them to finish (no samples).
+                        armed = rank % 2 == 0
+                        fused.begin_step()
+                        fused.arm(extras if armed else None)
+                        for p, g in zip(params, _grads(rank, 0), strict=True):
+                            assert p.grad is not None
+                            p.grad.copy_(g)
+                        fused.finish(None if armed else extras)
+                        result[f"{key}-fused"] = [p.grad.tolist() for p in params if p.grad is not None]
+                        result[f"{key}-sums"] = fused.extras_sum.tolist()
+                        result[f"{key}-folded"] = fused.folded
+                        fused.close()
         elif scenario == "error_feedback":
             params = _params()
             plan = CommSpec("topk", density=0.05, warmup_steps=0, bucket_mb=0.01, hierarchical=True)
@@ -141,6 +172,25 @@ def test_hierarchical_reduction_equals_a_flat_allreduce_and_every_rank_gets_the_
     dense = 4 * sum(torch.Size(shape).numel() for shape in SHAPES)
     assert [r["cross_h1o1"] for r in results] == [dense, 0, dense, 0, 0]
     assert all(r["cross_h0o1"] > 0 for r in results)
+
+
+def test_the_steps_extras_ride_with_the_last_bucket_and_leave_the_gradients_unchanged() -> None:
+    """The worker's per-step sums (loss, speeds, split fingerprints, stop flags) travel with the last
+    gradient bucket: every rank gets their exact sums, whichever rank wrote them at arm() or at
+    finish(), and the gradients are bit for bit those of the exchange without them. With fp32 traffic
+    they are folded into that bucket's collective; with fp16 they cannot share its scale and follow it
+    in fp32."""
+    world, groups = 4, [0, 0, 1, 1]
+    results = _spawn(world, groups, "extras")
+    expected = [1000.0 * (r + 1) + 0.25 for r in range(world)] + [sum(2.0**20 + r for r in range(world))]
+    for compression in ("none", "fp16"):
+        for layout in ("h1o1", "h1o0", "h0o1", "h0o0"):
+            key = f"{compression}-{layout}"
+            for r, rank_result in enumerate(results):
+                assert rank_result[f"{key}-sums"] == expected, (key, r)
+                assert rank_result[f"{key}-fused"] == rank_result[f"{key}-plain"], (key, r)
+                assert rank_result[f"{key}-fused"] == results[0][f"{key}-fused"], (key, r)
+                assert rank_result[f"{key}-folded"] is (compression == "none")
 
 
 def test_error_feedback_delivers_what_topk_held_back() -> None:
