@@ -14,7 +14,11 @@ Pure decisions (no torch, no I/O, no clock): the worker measures, this module de
   it re-splits when the split those weights give would run faster than the current one, on the
   predicted speeds, by more than a threshold for several checks in a row (hysteresis, so it does not
   flap), or by a smaller margin for many checks in a row (a lasting small loss is worth a re-split),
-  and reports a rank that stays far slower than its score promises (a straggler).
+  and reports a rank that stays far slower than its score promises (a straggler). A rank whose
+  measurements leave its estimate by more than ``shift`` on ``shift_patience`` checks in a row, all
+  the same way, changed speed (a throttled chip, a noisy neighbour): its estimate jumps to what it
+  now measures (the EWMA would take several steps to follow, each of them slow) and the split follows
+  at once; from then on, with the ``trust`` blend, the scores no longer weigh in.
 """
 
 from __future__ import annotations
@@ -224,6 +228,11 @@ class BalancerConfig:
     # reshuffle. Noise does not last this long above it (the predicted speeds are smoothed).
     small_threshold: float = 0.015
     small_patience: int = 25
+    # A change of level: measurements this far from a rank's estimate (as a ratio) on this many checks in
+    # a row, the same way. Noise on a shared host stays within a few percent and changes sign; a chip that
+    # halves its speed is 50% off on every check, and each step at the old split waits for it.
+    shift: float = 0.2
+    shift_patience: int = 2
     ewma: float = 0.5  # weight of the newest measurement in ``predicted``
     straggler_ratio: float = 0.5  # slower than this share of what its score promises ...
     straggler_patience: int = 10  # ... for this many checks in a row: reported
@@ -243,7 +252,9 @@ class BalancerConfig:
             raise BalancingError(
                 "balancing.small_threshold", f"must be above 0 and at most threshold ({self.threshold})"
             )
-        for name in ("patience", "small_patience", "straggler_patience", "trust_steps"):
+        if not 0 < self.shift < 1:
+            raise BalancingError("balancing.shift", f"must be between 0 and 1, got {self.shift}")
+        for name in ("patience", "small_patience", "shift_patience", "straggler_patience", "trust_steps"):
             if getattr(self, name) < 1:
                 raise BalancingError(f"balancing.{name}", "must be >= 1")
 
@@ -286,12 +297,15 @@ class Balancer:
     _drifting: int = field(init=False, default=0)
     _lingering: int = field(init=False, default=0)  # checks in a row with a gain above small_threshold
     _slow: list[int] = field(init=False, default_factory=list)
+    _shifting: list[list[float]] = field(init=False, default_factory=list)  # per rank: measurements off its estimate
+    _scores_stale: bool = field(init=False, default=False)  # a rank changed speed: its score describes the past
 
     def __post_init__(self) -> None:
         if any(not math.isfinite(s) or s <= 0 for s in self.scores):
             raise BalancingError("scores", f"must be > 0 per rank, got {list(self.scores)}")
         n = len(self.scores)
         self._slow = [0] * n
+        self._shifting = [[] for _ in range(n)]
         if self.config.mode == "equal":
             self._split = equal_split(self.global_batch, n, self.caps)
         else:
@@ -315,6 +329,8 @@ class Balancer:
         predicted = [p / predicted_total for p in self._predicted]
         a = self.config.score_weight
         if self.config.blend == "trust":
+            if self._scores_stale:
+                return predicted
             a *= self.config.trust_steps / (self.config.trust_steps + self._observations)
         return [a * s + (1 - a) * p for s, p in zip(scores, predicted, strict=True)]
 
@@ -333,12 +349,9 @@ class Balancer:
                 else 1.0
             )
             self._predicted = [m if m > 0 else f * scale for m, f in zip(samples_per_s, fallback, strict=True)]
+            shifted = False
         else:
-            alpha = self.config.ewma
-            self._predicted = [
-                (alpha * m + (1 - alpha) * p) if m > 0 else p
-                for m, p in zip(samples_per_s, self._predicted, strict=True)
-            ]
+            shifted = self._follow(samples_per_s)
         self._observations += 1
         efficiency = balance_efficiency(self._split.per_rank(), self._predicted)
         stragglers = self._stragglers()
@@ -347,6 +360,13 @@ class Balancer:
 
         target = proportional_split(self.global_batch, self.weights(), self.caps)
         gain = balance_efficiency(target.per_rank(), self._predicted) / efficiency - 1 if efficiency > 0 else 0.0
+        if shifted and gain > self.config.small_threshold:
+            # The shift has already lasted shift_patience checks: waiting for patience more would
+            # only run more steps at a split made for the old speed.
+            self._drifting = self._lingering = 0
+            self._split = target
+            reason = f"re-split at step {step}: a rank changed speed; {gain:.1%} faster on the measured speeds"
+            return Decision(target, True, reason, stragglers, self.predicted, efficiency)
         if gain <= self.config.threshold:
             self._drifting = 0
             self._lingering = self._lingering + 1 if gain > self.config.small_threshold else 0
@@ -376,6 +396,30 @@ class Balancer:
             f"re-split at step {step}: {gain:.1%} faster on the measured speeds, {self.config.patience} checks in a row"
         )
         return Decision(target, True, reason, stragglers, self.predicted, efficiency)
+
+    def _follow(self, samples_per_s: Sequence[float]) -> bool:
+        """Update the estimates with a step's measurements; True when a rank's speed changed level.
+
+        A measurement off its rank's estimate by more than ``shift`` is held back from the EWMA (one
+        outlier does not move the estimate); ``shift_patience`` of them in a row, the same way, are
+        the rank's new level, which the estimate takes at once."""
+        alpha, shift, shifted = self.config.ewma, self.config.shift, False
+        for rank, (m, p) in enumerate(zip(samples_per_s, self._predicted, strict=True)):
+            if m <= 0:
+                continue
+            held = self._shifting[rank]
+            off = m / p - 1 if p > 0 else 0.0
+            if abs(off) <= shift or (held and (held[-1] > p) != (m > p)):
+                held.clear()
+            if abs(off) > shift:
+                held.append(m)
+                if len(held) >= self.config.shift_patience:
+                    self._predicted[rank] = sum(held) / len(held)
+                    held.clear()
+                    shifted = self._scores_stale = True
+                continue
+            self._predicted[rank] = alpha * m + (1 - alpha) * p
+        return shifted
 
     def promised(self, rank: int) -> float:
         """What ``rank``'s score promises: its share of the scores times the gang's predicted total."""

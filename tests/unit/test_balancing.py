@@ -97,7 +97,9 @@ def test_dynamic_adapts_after_drift_and_then_holds(blend):
         decision = balancer.observe(step, speeds_after(step, [100, 200, 400], [100, 100, 400], 10))
         if decision.changed:
             changes.append(step)
-    assert changes and changes[0] >= 10 + config.patience - 1  # not before the drift has lasted `patience` checks
+    # A 2x change of level: taken once it has lasted shift_patience checks (a gradual drift waits for
+    # `patience`), not before.
+    assert changes and changes[0] == 10 + config.shift_patience - 1
     assert changes[-1] < 45  # settles
     share = balancer.split.per_rank()
     assert share[1] < 27  # rank 1 slowed: it got less
@@ -160,3 +162,33 @@ def test_a_small_gain_that_lasts_is_taken_and_a_passing_one_is_not():
 def test_small_threshold_is_checked():
     with pytest.raises(BalancingError, match="small_threshold"):
         BalancerConfig(threshold=0.05, small_threshold=0.06)
+
+
+def test_a_change_of_level_is_followed_at_once_and_one_outlier_is_not():
+    """A rank that halves its speed: after shift_patience checks its estimate is the new speed (not an
+    EWMA still half way) and the split is the one for the new speeds; with the trust blend the scores,
+    which describe the old device, no longer pull the split. A single outlier moves nothing."""
+    balancer = Balancer(BalancerConfig(blend="trust"), 170, [1, 3, 5, 8])
+    for step in range(1, 30):
+        assert not balancer.observe(step, [10, 30, 50, 80]).changed
+    assert not balancer.observe(30, [10, 30, 50, 20]).changed  # one step 4x slow: held back
+    assert balancer.predicted[3] == pytest.approx(80)
+    assert not balancer.observe(31, [10, 30, 50, 80]).changed
+    assert not balancer.observe(32, [10, 30, 50, 40]).changed
+    decision = balancer.observe(33, [10, 30, 50, 40])
+    assert decision.changed and "changed speed" in decision.reason
+    assert balancer.predicted[3] == pytest.approx(40)
+    assert balancer.split.per_rank() == (13, 39, 66, 52)  # exactly 1:3:5:4 of 170
+    assert balance_efficiency(balancer.split.per_rank(), [10, 30, 50, 40]) > 0.99
+    # A rank that speeds up 2x is followed the same way.
+    for step in range(34, 36):
+        decision = balancer.observe(step, [10, 60, 50, 40])
+    assert decision.changed and balancer.split == proportional_split(170, [10, 60, 50, 40])
+
+
+def test_alternating_outliers_are_not_a_change_of_level():
+    balancer = Balancer(BalancerConfig(blend="trust"), 96, [1, 2, 4])
+    for step in range(1, 40):
+        factor = 1.5 if step % 2 else 0.6
+        assert not balancer.observe(step, [100, 200, 400 * factor if step > 10 else 400]).changed
+    assert balancer.predicted[2] == pytest.approx(400)
