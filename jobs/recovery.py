@@ -19,6 +19,11 @@ Moving a healthy job (an operator's drain, growing back after a shrink, a predic
 ranks to checkpoint and stop first (``request_move``); the stop is then handled as above, without
 counting a restart.
 
+Quotas hold through all of it: the next attempt takes only what its tenant's quota has room for now
+(its own last attempt released, as admission counts it), shrinking toward ``min_devices`` if need
+be, and is marked borrowing when it takes its tenant above nominal, so that reclaim can find it. A
+shrunk job grows back only into that room, and not while a queued job could start on the free devices.
+
 Every step is an event on the job. Devices are chosen under the admission lock, as admission does,
 so a cycle running at the same time never hands out the same device.
 """
@@ -29,6 +34,8 @@ import dataclasses
 import logging
 import signal
 import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 from django.db import transaction
 from django.db.models import Count, F, Q
@@ -40,9 +47,11 @@ from jobs.finishing import finish_job
 from jobs.metering import charge, end_allocations
 from jobs.models import Allocation, Device, DeviceHealth, JobAttempt, JobEvent, JobState, TrainingJob
 from jobs.pool import SCHEDULABLE, as_free_device, free_devices, pool_fabric, set_device_health
+from jobs.snapshot import holding_jobs, pending_jobs, tenant_quotas
 from jobs.throughput import nau_rates
 from runtime.backends.base import DISRUPTION, NODE_LOST, Failure, Observation
 from runtime.recovery.plan import RestartPlan, RestartRequest, grow_target, plan_restart
+from runtime.scheduling import QuotaLedger
 from runtime.scheduling.placement import FreeDevice
 from runtime.worker.cli import EXIT_BAD_CONFIG
 
@@ -344,26 +353,77 @@ def _freeze(
     return frozen
 
 
+def _quota_ledger(
+    job_classes: set[str], *, without: int | None = None
+) -> tuple[QuotaLedger, dict[tuple[str, str], int]]:
+    """Every tenant's quota and what the jobs holding devices (but ``without``) use of it now, as admission
+    sees them."""
+    rates = nau_rates(job_classes)
+    holding = [h for h in holding_jobs(rates) if h.job_id != without]
+    return QuotaLedger(tenant_quotas(), holding), rates
+
+
+def _within_quota(
+    free: Sequence[FreeDevice],
+    previous: Sequence[FreeDevice],
+    flavors: Sequence[str],
+    room: Callable[[str], int | None],
+) -> list[FreeDevice]:
+    """The free devices cut, per flavor, to what the quota has room for; the last attempt's first."""
+    kept = {d.device_id for d in previous}
+    ordered = sorted(free, key=lambda d: d.device_id not in kept)  # stable: the pool's order otherwise
+    left = {flavor: room(flavor) for flavor in flavors}
+    out = []
+    for device in ordered:
+        limit = left.get(device.flavor)
+        if device.flavor in left and limit is None:
+            out.append(device)
+        elif limit:
+            out.append(device)
+            left[device.flavor] = limit - 1
+    return out
+
+
 def _reallocate(job: TrainingJob, previous: tuple[FreeDevice, ...], failed: frozenset[str]) -> RestartPlan | None:
     """Give a RECOVERING job its next devices and launch it; or leave it waiting, with the reason.
 
     Runs in the caller's transaction, under the admission lock."""
     spec = job.job_spec
     min_devices = spec.min_devices or spec.devices
-    free = free_devices()
-    request = RestartRequest(
-        devices=spec.devices, min_devices=min_devices, flavors=spec.flavors, previous=previous, failed=failed
+    ledger, rates = _quota_ledger({job.job_class})
+    pool_free = free_devices()
+    free = _within_quota(pool_free, previous, spec.flavors, lambda f: ledger.headroom(job.tenant_id, f))
+    plan = plan_restart(
+        RestartRequest(
+            devices=spec.devices, min_devices=min_devices, flavors=spec.flavors, previous=previous, failed=failed
+        ),
+        free,
+        distance=pool_fabric().hops,
     )
-    plan = plan_restart(request, free, distance=pool_fabric().hops)
+    refused = None
+    # The per-flavor cut above cannot see the NAU quota: give a device back until that fits too.
+    while plan is not None and (refused := ledger.fits(job.tenant_id, charge(job.job_class, plan.devices, rates))):
+        fewer = len(plan.devices) - 1
+        plan = None
+        if fewer >= min_devices:
+            plan = plan_restart(
+                RestartRequest(
+                    devices=fewer, min_devices=min_devices, flavors=spec.flavors, previous=previous, failed=failed
+                ),
+                free,
+                distance=pool_fabric().hops,
+            )
     if plan is None:
-        usable = sum(1 for d in free if d.flavor in spec.flavors)
-        waiting = (f"waiting for devices: needs at least {min_devices} of {', '.join(spec.flavors)}; {usable} free")[
-            :500
-        ]
+        usable = sum(1 for d in pool_free if d.flavor in spec.flavors)
+        waiting = f"waiting for devices: needs at least {min_devices} of {', '.join(spec.flavors)}; {usable} free"
+        if refused or len(free) < usable:
+            waiting += f", {len(free)} of them within the tenant's quota" + (f" ({refused})" if refused else "")
+        waiting = waiting[:500]
         if job.pending_reason != waiting:
             TrainingJob.objects.filter(pk=job.pk).update(pending_reason=waiting)
             transitions.record_event(job, kind=JobEvent.Kind.RECOVERY, message=waiting, data={"waiting": True})
         return None
+    demand = charge(job.job_class, plan.devices, rates)
     now = timezone.now()
     admitted = transitions.claim(
         job.pk,
@@ -381,7 +441,8 @@ def _reallocate(job: TrainingJob, previous: tuple[FreeDevice, ...], failed: froz
         },
         admitted_at=now,
         pending_reason="",
-        demand=charge(job.job_class, plan.devices, nau_rates({job.job_class})),
+        demand=demand,
+        borrowing=ledger.would_borrow(job.tenant_id, demand),
     )
     if admitted is None:
         return None
@@ -489,10 +550,22 @@ def grow_back(job_id: int) -> bool:
     run = current_attempt(job)
     if run is not None and run.stop_requested:
         return False
-    current = job.allocations.filter(ended_at__isnull=True).count()
-    flavors = set(job.job_spec.flavors)
-    free = sum(1 for d in free_devices() if d.flavor in flavors and not d.degraded)
-    target = grow_target(current, job.job_spec.devices, free)
+    pool_free = [d for d in free_devices() if not d.degraded]
+    by_flavor = Counter(d.flavor for d in pool_free)
+    if any(sum(by_flavor[f] for f in set(p.flavors)) >= p.devices for p in pending_jobs()):
+        return False  # a queued job could start on what is free: it goes first, not this job's growth
+    held = [
+        as_free_device(a.device)
+        for a in job.allocations.filter(ended_at__isnull=True).select_related("device__node", "device__flavor")
+    ]
+    current = len(held)
+    flavors = job.job_spec.flavors
+    usable = [d for d in pool_free if d.flavor in flavors]
+    # The move releases what it holds: its next attempt may take that and what the quota has room for.
+    ledger, _ = _quota_ledger({job.job_class}, without=job.pk)
+    total = len(_within_quota([*held, *usable], held, flavors, lambda f: ledger.headroom(job.tenant_id, f)))
+    target = grow_target(current, job.job_spec.devices, total - current)
     if target is None:
         return False
-    return request_move(job_id, f"growing back from {current} to {target} devices ({free} free again)")
+    free = len(usable)
+    return request_move(job_id, f"growing back from {current} to {target} devices ({free} free again, within quota)")

@@ -1,0 +1,140 @@
+"""Quotas hold when a job changes size outside admission: a restart after a failure takes only what its
+tenant's quota has room for, and a shrunk job grows back only into that room, after the queue.
+
+Against PostgreSQL, calling the recovery module as the observe sweep and beat do; no ranks run (the
+backend that would be asked to stop a run is a recorder)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from jobs import dispatch, recovery
+from jobs.models import Allocation, Device, JobAttempt, JobEvent, JobState, TrainingJob
+from tenants.models import NAU_RESOURCE, Quota
+from tests.integration.test_admission import in_cohort, quota, submit
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+NPU = "ascend-910b"  # the test pool has four, on one node
+
+
+@pytest.fixture
+def sent(monkeypatch) -> list[tuple]:
+    """Tasks the recovery module would enqueue (provisioning the next attempt), recorded instead."""
+    tasks: list[tuple] = []
+    monkeypatch.setattr(dispatch, "after_commit", lambda name, *args: tasks.append((name, *args)))
+    return tasks
+
+
+@pytest.fixture
+def stops(monkeypatch) -> list[tuple[dict, str]]:
+    asked: list[tuple[dict, str]] = []
+
+    class Backend:
+        def request_stop(self, handle: dict, reason: str) -> None:
+            asked.append((handle, reason))
+
+    monkeypatch.setattr(recovery, "get_backend", lambda: Backend())
+    return asked
+
+
+def _only_device_quota(tenant, nominal: int, borrowing: int | None = 0) -> None:
+    Quota.objects.filter(tenant_id=tenant.id, resource=NAU_RESOURCE).delete()
+    quota(tenant, NPU, nominal, borrowing)
+
+
+def _job(tenant, state: str, devices: int, min_devices: int, held: int = 0) -> TrainingJob:
+    spec = {"name": "elastic", "devices": devices, "min_devices": min_devices, "flavors": [NPU]}
+    job = TrainingJob.objects.create(tenant_id=tenant.id, name="elastic", spec=spec, state=state, total_steps=100)
+    JobAttempt.objects.create(job=job, number=0, backend_handle={"run": "fake"})
+    now = timezone.now()
+    for rank, device in enumerate(Device.objects.filter(flavor__name=NPU).order_by("device_id")[:held]):
+        Allocation.objects.create(job=job, device=device, rank=rank, started_at=now)
+    if held:
+        demand = {NPU: held}
+        TrainingJob.objects.filter(pk=job.pk).update(demand=demand, admitted_at=now)
+    return job
+
+
+def _reallocate(job: TrainingJob):
+    with transaction.atomic():
+        return recovery._reallocate(TrainingJob.objects.get(pk=job.pk), (), frozenset())
+
+
+def test_a_restart_takes_only_what_the_quota_has_room_for(pool, tenants, sent):
+    _only_device_quota(tenants[0], nominal=2)
+    job = _job(tenants[0], JobState.RECOVERING, devices=4, min_devices=1)
+
+    plan = _reallocate(job)  # four NPUs are free, the quota has room for two
+
+    assert plan is not None and len(plan.devices) == 2
+    job.refresh_from_db()
+    assert job.state == JobState.ADMITTED
+    assert (job.demand[NPU], job.borrowing) == (2, False)
+    assert job.allocations.filter(ended_at__isnull=True).count() == 2
+    assert sent == [(dispatch.PROVISION, job.pk)]
+
+
+def test_a_restart_that_borrows_is_marked_borrowing_so_that_reclaim_can_find_it(pool, tenants, sent):
+    lender = tenants[1]
+    _only_device_quota(tenants[0], nominal=1, borrowing=2)
+    _only_device_quota(lender, nominal=3)
+    in_cohort("lab", tenants[0], lender)
+    job = _job(tenants[0], JobState.RECOVERING, devices=4, min_devices=1)
+
+    plan = _reallocate(job)
+
+    assert plan is not None and len(plan.devices) == 3  # its one, and two borrowed from the lender
+    job.refresh_from_db()
+    assert (job.demand[NPU], job.borrowing) == (3, True)
+
+
+def test_a_restart_with_no_room_in_the_quota_waits_and_says_so(pool, tenants, sent):
+    _only_device_quota(tenants[0], nominal=2)
+    _job(tenants[0], JobState.RUNNING, devices=2, min_devices=2, held=2)  # the quota is used up
+    job = _job(tenants[0], JobState.RECOVERING, devices=2, min_devices=1)
+
+    assert _reallocate(job) is None
+
+    job.refresh_from_db()
+    assert job.state == JobState.RECOVERING and sent == []
+    assert job.pending_reason == (
+        f"waiting for devices: needs at least 1 of {NPU}; 2 free, 0 of them within the tenant's quota"
+    )
+    assert JobEvent.objects.filter(job=job, kind=JobEvent.Kind.RECOVERY, message=job.pending_reason).exists()
+
+
+def test_a_shrunk_job_grows_back_only_into_its_quota(pool, tenants, stops):
+    _only_device_quota(tenants[0], nominal=3)
+    job = _job(tenants[0], JobState.RUNNING, devices=4, min_devices=1, held=1)  # three NPUs free
+
+    assert recovery.shrunk_job_ids() == [job.pk]
+    assert recovery.grow_back(job.pk) is True
+
+    # To three (the quota), not to the four it asked for, though four NPUs would be there after the move.
+    assert stops == [({"run": "fake"}, "growing back from 1 to 3 devices (3 free again, within quota)")]
+
+
+def test_a_shrunk_job_with_no_room_in_its_quota_stays(pool, tenants, stops):
+    _only_device_quota(tenants[0], nominal=1)
+    job = _job(tenants[0], JobState.RUNNING, devices=4, min_devices=1, held=1)
+
+    assert recovery.grow_back(job.pk) is False
+    assert stops == []
+
+
+def test_a_shrunk_job_does_not_grow_past_a_queued_job_that_could_start(pool, tenants, stops):
+    _only_device_quota(tenants[0], nominal=4)
+    job = _job(tenants[0], JobState.RUNNING, devices=4, min_devices=1, held=1)
+    queued = submit(tenants[1], 2)  # globex's job fits the three free NPUs: it goes first
+
+    assert recovery.grow_back(job.pk) is False
+    assert stops == []
+
+    # A queued job that could not start on what is free does not hold the growth back.
+    TrainingJob.objects.filter(pk=queued).update(state=JobState.CANCELLED)
+    submit(tenants[1], 4, wait=True)
+    assert recovery.grow_back(job.pk) is True
+    assert stops == [({"run": "fake"}, "growing back from 1 to 4 devices (3 free again, within quota)")]
