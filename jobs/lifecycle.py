@@ -124,7 +124,7 @@ def _launch_request(job: TrainingJob) -> LaunchRequest:
     return LaunchRequest(
         job_id=run_key(job),
         placements=placements,
-        workload=spec.workload,
+        workload=spec.workload_on(len(placements)),  # an elastic job's batch and rate follow its count
         telemetry_url=f"{public}/api/v1/ingest/jobs/{job.pk}/telemetry",
         telemetry_token=ingest_token(job),
         artifacts_dir=str(settings.POLYCHIP_ARTIFACTS_DIR / run_key(job)),

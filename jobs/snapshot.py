@@ -92,8 +92,8 @@ def pending_jobs() -> list[PendingJob]:
     the number of tenants, not with one tenant's queue (10,000 jobs of one tenant used to make every
     tenant's cycle fifteen times slower).
     """
-    # Two required fields of the stored spec (``JobSpec.to_dict``), read in SQL: a cycle reads
-    # thousands of waiting jobs and needs nothing else of their specs.
+    # A few fields of the stored spec (``JobSpec.to_dict``), read in SQL: a cycle reads thousands of
+    # waiting jobs and needs nothing else of their specs. Specs stored before elastic jobs lack two.
     rows = _window_rows(settings.POLYCHIP_ADMISSION_WINDOW_PER_TENANT)
     return [
         PendingJob(
@@ -105,15 +105,20 @@ def pending_jobs() -> list[PendingJob]:
             flavors=tuple(flavors),
             job_class=job_class,
             queued_at=queued_at.timestamp(),
+            min_devices=int(min_devices) if elastic is True and min_devices else None,
         )
-        for pk, tenant_id, priority, created_at, queued_at, devices, flavors, job_class in rows
+        for pk, tenant_id, priority, created_at, queued_at, devices, flavors, job_class, elastic, min_devices in rows
     ]
 
 
 _WINDOW_COLUMNS = (
     *("pk", "tenant_id", "priority", "created_at", "state_changed_at"),
-    *("spec__devices", "spec__flavors", "job_class"),
+    *("spec__devices", "spec__flavors", "job_class", "spec__elastic", "spec__min_devices"),
 )
+
+
+def _json(value: str | None) -> Any:
+    return None if value is None else json.loads(value)
 
 
 def _window_rows(window: int) -> list[tuple[Any, ...]]:
@@ -128,7 +133,10 @@ def _window_rows(window: int) -> list[tuple[Any, ...]]:
     if connection.vendor == "postgresql":
         jobs = TrainingJob._meta.db_table
         tenants_table = TrainingJob._meta.get_field("tenant").related_model._meta.db_table
-        columns = "id, tenant_id, priority, created_at, state_changed_at, spec->'devices', spec->'flavors', job_class"
+        columns = (
+            "id, tenant_id, priority, created_at, state_changed_at, spec->'devices', spec->'flavors', job_class, "
+            "spec->'elastic', spec->'min_devices'"
+        )
         sql = (
             f"SELECT w.* FROM {tenants_table} t CROSS JOIN LATERAL (SELECT {columns} FROM {jobs} q "  # noqa: S608
             "WHERE q.state = %s AND q.tenant_id = t.id ORDER BY q.priority DESC, q.created_at, q.id LIMIT %s) w"
@@ -136,7 +144,10 @@ def _window_rows(window: int) -> list[tuple[Any, ...]]:
         with connection.cursor() as cursor:
             cursor.execute(sql, [JobState.QUEUED.value, window])
             # Django has psycopg hand jsonb over as text (it decodes JSON fields itself).
-            return [(*row[:5], json.loads(row[5]), json.loads(row[6]), row[7]) for row in cursor.fetchall()]
+            return [
+                (*row[:5], json.loads(row[5]), json.loads(row[6]), row[7], *(_json(v) for v in row[8:]))
+                for row in cursor.fetchall()
+            ]
     place = Window(
         RowNumber(), partition_by=[F("tenant_id")], order_by=[F("priority").desc(), F("created_at"), F("pk")]
     )

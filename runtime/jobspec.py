@@ -10,6 +10,7 @@ dataclasses below (types, defaults), ``BOUNDS`` and ``CHOICES``: the parser chec
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, replace
@@ -92,6 +93,8 @@ class SpecErrors(SpecError):
 BOUNDS: dict[str, tuple[float, float]] = {
     "devices": (1, MAX_DEVICES),
     "min_devices": (1, MAX_DEVICES),  # and at most devices
+    "devices.min": (1, MAX_DEVICES),  # and at most devices.max
+    "devices.max": (1, MAX_DEVICES),
     "priority": (-MAX_PRIORITY, MAX_PRIORITY),
     "max_restarts": (0, 100),
     "workload.steps": (1, 1_000_000),
@@ -108,12 +111,18 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "checkpoint.keep": (1, 1000),
 }
 # The values a field may take, by its dotted path.
+# How an elastic job's global batch and learning rate follow its device count n (of ``devices`` asked):
+# fixed: the same global batch and rate on any n (the balancer splits it); linear: both scale by
+# n / devices (Goyal et al.'s rule); sqrt: the batch by n / devices, the rate by its square root.
+BATCH_SCALINGS = ("fixed", "linear", "sqrt")
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "workload.kind": WORKLOAD_KINDS,
     "workload.model": tuple(BUILTIN_MODELS),
     "balancing.mode": BALANCING_MODES,
     "comm.compression": COMPRESSIONS,
     "checkpoint.restore": RESTORE_MODES,
+    "batch_scaling": BATCH_SCALINGS,
 }
 _T = TypeVar("_T")
 
@@ -243,6 +252,12 @@ class JobSpec:
     # (None: all ``devices``), at most ``max_restarts`` times; one failure more ends it ``failed``.
     min_devices: int | None = None
     max_restarts: int = 3
+    # Elastic: admission may start it on any count from ``min_devices`` up to ``devices`` (the most
+    # that fits), and it grows toward ``devices`` as room frees. ``devices: {"min": m, "max": n}`` in a
+    # spec says the same. ``batch_scaling`` says how the global batch and the learning rate follow the
+    # count (BATCH_SCALINGS).
+    elastic: bool = False
+    batch_scaling: str = "fixed"
     # A job that could not start even on an idle pool (its gang is larger than the pool's devices of
     # its flavors, or than its tenant's quota and cohort could ever give it) is refused at submit,
     # unless it may wait for capacity to be added.
@@ -253,6 +268,16 @@ class JobSpec:
         data["flavors"] = list(self.flavors)
         data["workload"] = self.workload.to_json()
         return data
+
+    def workload_on(self, count: int) -> WorkloadSpec:
+        """The workload as an attempt on ``count`` devices runs it: the global batch and learning rate
+        scaled by ``batch_scaling`` (at least one sample per device)."""
+        if self.batch_scaling == "fixed" or count == self.devices or count <= 0:
+            return self.workload
+        ratio = count / self.devices
+        batch = max(count, round(self.workload.global_batch * ratio))
+        lr = self.workload.lr * (ratio if self.batch_scaling == "linear" else math.sqrt(ratio))
+        return replace(self.workload, global_batch=batch, lr=lr)
 
 
 _TOP_FIELDS = tuple(JobSpec.__dataclass_fields__)
@@ -513,7 +538,23 @@ def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
         problems.found.append(SpecError("name", 'required; give the job a short name such as "resnet-sweep-1"'))
     elif len(name) > 120:
         problems.found.append(SpecError("name", "at most 120 characters"))
-    devices = problems.take(lambda: _int(raw, "devices", "devices", 1), 0)  # 0: refused
+    raw_devices = raw.get("devices")
+    elastic_range = False
+    if isinstance(raw_devices, dict):
+        elastic_range = True
+        # ``devices: {"min": 2, "max": 16}``: an elastic job, the same as devices 16, min_devices 2, elastic.
+        problems.unknown(raw_devices, ("min", "max"), "devices.")
+        for bound in ("min", "max"):
+            if bound not in raw_devices:
+                problems.found.append(SpecError(f"devices.{bound}", 'required; e.g. devices {"min": 2, "max": 8}'))
+        devices = problems.take(lambda: _int(raw_devices, "max", "devices.max", 1), 0)
+        low = problems.take(lambda: _int(raw_devices, "min", "devices.min", 1, hi=devices or None), None)
+        if "min_devices" in raw or "elastic" in raw:
+            problems.found.append(
+                SpecError("devices", "give the range once: devices {min, max}, or min_devices and elastic")
+            )
+    else:
+        devices = problems.take(lambda: _int(raw, "devices", "devices", 1), 0)  # 0: refused
     flavors_raw = raw.get("flavors")
     if not isinstance(flavors_raw, list) or not flavors_raw or not all(isinstance(f, str) for f in flavors_raw):
         problems.found.append(
@@ -536,8 +577,25 @@ def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
         )
     priority = problems.take(lambda: _int(raw, "priority", "priority", 0), 0)
     min_devices = raw.get("min_devices")
-    if min_devices is not None and devices:
+    if elastic_range:
+        min_devices = low
+    elif min_devices is not None and devices:
         min_devices = problems.take(lambda: _int(raw, "min_devices", "min_devices", devices, hi=devices), None)
+    elastic = elastic_range or problems.take(lambda: _bool(raw, "elastic", "elastic", False), False)
+    batch_scaling = raw.get("batch_scaling", "fixed")
+    if batch_scaling not in BATCH_SCALINGS:
+        problems.found.append(
+            SpecError(
+                "batch_scaling",
+                f"{batch_scaling!r} is not a batch scaling; use fixed (the same global batch on any count), "
+                "linear (batch and learning rate in proportion to the count) or sqrt (the rate by its square root)",
+            )
+        )
+        batch_scaling = "fixed"
+    elif batch_scaling != "fixed" and not elastic and min_devices in (None, devices):
+        problems.found.append(
+            SpecError("batch_scaling", "applies to a job whose count can change: give devices {min, max}")
+        )
     balancing = problems.take(lambda: parse_balancing(raw.get("balancing")), BalancingSpec())
     comm = problems.take(lambda: parse_comm(raw.get("comm")), CommSpec())
     checkpoint = problems.take(lambda: parse_checkpoint(raw.get("checkpoint")), CheckpointSpec())
@@ -556,6 +614,8 @@ def parse_job_spec(raw: Any, known_flavors: set[str] | None = None) -> JobSpec:
         min_devices=min_devices,
         max_restarts=max_restarts,
         wait_for_capacity=wait,
+        elastic=elastic,
+        batch_scaling=batch_scaling,
     )
 
 
@@ -635,6 +695,8 @@ def stored_job_spec(raw: Any) -> JobSpec:
         checkpoint=part(parse_checkpoint, "checkpoint", CheckpointSpec()),
         min_devices=min_devices if isinstance(min_devices, int) and not isinstance(min_devices, bool) else None,
         max_restarts=whole("max_restarts", 3),
+        elastic=data.get("elastic") is True,
+        batch_scaling=scaling if (scaling := data.get("batch_scaling")) in BATCH_SCALINGS else "fixed",
     )
 
 
@@ -715,7 +777,20 @@ def job_spec_schema() -> dict[str, Any]:
         else:
             default = spec_field.default if spec_field.default is not MISSING else None
             properties[name] = _field_schema(name, annotation, default)
-    properties["devices"]["default"] = 1
+    properties["devices"] = {
+        "default": 1,
+        "oneOf": [
+            properties["devices"],
+            {
+                "type": "object",
+                "description": "an elastic job: any count from min to max (the same as devices max, min_devices "
+                "min, elastic true)",
+                "additionalProperties": False,
+                "required": ["min", "max"],
+                "properties": {"min": dict(properties["devices"]), "max": dict(properties["devices"])},
+            },
+        ],
+    }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "Polychip job spec",

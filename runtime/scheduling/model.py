@@ -54,6 +54,8 @@ class PendingJob:
     # When it last entered the queue (seconds; None: at submission). A preempted job keeps its place by
     # ``submitted_at`` but waits anew from here: the admission wait that operators watch counts this wait.
     queued_at: float | None = None
+    # An elastic job may start on any count from this up to ``devices`` (None: exactly ``devices``).
+    min_devices: int | None = None
 
 
 @dataclass(frozen=True)

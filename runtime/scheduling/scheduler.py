@@ -50,7 +50,7 @@ from runtime.scheduling.placement import FreeDevice, FreePool
 from runtime.scheduling.policies import Config, Policy, PolicyJob, preferred_flavors
 from runtime.scheduling.quota import QuotaLedger, demand_for
 
-__all__ = ["assign_flavors", "queue_order", "schedule"]
+__all__ = ["assign_elastic", "assign_flavors", "queue_order", "schedule"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,26 @@ def assign_flavors(
                 nau_room -= take * rate
             if left == 0:
                 return counts
+    return None
+
+
+def assign_elastic(
+    job: PendingJob,
+    flavors: Sequence[str],
+    rates: Sequence[int],
+    free: Sequence[int],
+    rooms: Sequence[int | None],
+    nau_room: int | None,
+) -> dict[str, int] | None:
+    """``assign_flavors`` for the job's full count; for an elastic job that does not fit whole, the most
+    devices down to its ``min_devices`` that do. O(devices x flavors), and only for elastic jobs."""
+    assignment = assign_flavors(job.devices, flavors, rates, free, rooms, nau_room)
+    if assignment is not None or job.min_devices is None:
+        return assignment
+    for count in range(job.devices - 1, job.min_devices - 1, -1):
+        assignment = assign_flavors(count, flavors, rates, free, rooms, nau_room)
+        if assignment is not None:
+            return assignment
     return None
 
 
@@ -257,7 +277,7 @@ class _Cycle:
         ledger, tenant_id = self.ledger, job.tenant_id
         rooms = [ledger.nominal_room(tenant_id, flavor) for flavor in flavors]
         nau_room = ledger.nominal_room(tenant_id, NAU)
-        count, rates = job.devices, self._rates(job, flavors)
+        count, rates = job.min_devices or job.devices, self._rates(job, flavors)
         return assign_flavors(count, flavors, rates, [count] * len(flavors), rooms, nau_room) is not None
 
     def _nominal_assignment(
@@ -267,7 +287,7 @@ class _Cycle:
         if nominal is None:
             raise RuntimeError("_rooms gave no room for NOMINAL, which always has one")
         rooms, nau_room, free = nominal.vectors(flavors)
-        return assign_flavors(job.devices, flavors, rates, free, rooms, nau_room)
+        return assign_elastic(job, flavors, rates, free, rooms, nau_room)
 
     def _could_only_borrow(self, job: PendingJob) -> bool:
         """Whether the job fits what is free now as a borrower, but not within its tenant's nominal quota."""
@@ -279,7 +299,7 @@ class _Cycle:
         if now is None:
             raise RuntimeError("_rooms gave no room for NOW, which always has one")
         rooms, nau_room, free = now.vectors(flavors)
-        if assign_flavors(job.devices, flavors, rates, free, rooms, nau_room) is None:
+        if assign_elastic(job, flavors, rates, free, rooms, nau_room) is None:
             return False
         return self._nominal_assignment(job, flavors, rates) is None
 
@@ -350,17 +370,19 @@ class _Cycle:
         if now is None:
             raise RuntimeError("_rooms gave no room for NOW, which always has one")
         rooms, nau_room, free = now.vectors(flavors)
-        assignment = assign_flavors(job.devices, flavors, rates, free, rooms, nau_room)
+        assignment = assign_elastic(job, flavors, rates, free, rooms, nau_room)
         if nominal_only:  # the first pass admits within nominal only, a mix if need be (see _pass)
             assignment = self._nominal_assignment(job, flavors, rates)
         victims: list[AdmittedJob] = []
         mode = ""
+        # An elastic job that fits nowhere now preempts for its smallest count: the least it disturbs.
+        smallest = job if job.min_devices is None else replace(job, devices=job.min_devices, min_devices=None)
         if assignment is None:
-            found = self._preempt(job, flavors, rates)
+            found = self._preempt(smallest, flavors, rates)
             if found is not None:
                 mode, victims, assignment = found
         if assignment is None:
-            reason = self._reason(job, flavors, rates, free, rooms, nau_room)
+            reason = self._reason(smallest, flavors, rates, free, rooms, nau_room)
             self.waiting[tenant_id].append((job.job_id, reason))
             return set()
 

@@ -55,6 +55,13 @@ def test_duplicate_flavors_collapse_in_order():
         ({"min_devices": 3}, "min_devices", "between 1 and 2"),
         ({"min_devices": 0}, "min_devices", "between 1 and 2"),
         ({"max_restarts": -1}, "max_restarts", "between 0 and 100"),
+        ({"devices": {"min": 4, "max": 2}}, "devices.min", "between 1 and 2"),
+        ({"devices": {"max": 8}}, "devices.min", "required"),
+        ({"devices": {"min": 1, "max": 8, "step": 2}}, "devices.step", "allowed here: max, min"),
+        ({"devices": {"min": 1, "max": 8}, "min_devices": 2}, "devices", "give the range once"),
+        ({"batch_scaling": "cubic"}, "batch_scaling", "linear"),
+        ({"batch_scaling": "linear"}, "batch_scaling", "devices {min, max}"),
+        ({"elastic": "yes"}, "elastic", "true or false"),
     ],
 )
 def test_each_mistake_names_its_field_and_the_fix(change, field, hint):
@@ -234,13 +241,19 @@ def _schema_validator():
 def _at(path: str, value: object) -> dict:
     """A valid one-device spec with ``value`` at the dotted ``path``."""
     spec: dict = {"name": "s", "devices": 1, "flavors": ["h100-sxm"]}
-    if "." in path:
+    if path == "devices.min":
+        spec["devices"] = {"min": value, "max": 64}  # the largest max: any min in range is at most it
+    elif path == "devices.max":
+        spec["devices"] = {"min": 1, "max": value}
+    elif "." in path:
         section, key = path.split(".")
         spec[section] = {key: value}
         if path == "checkpoint.optimizer_every":
             spec[section]["weights_every"] = 1  # a multiple of it, whatever the value
     else:
         spec[path] = value
+    if path == "batch_scaling":
+        spec["devices"] = {"min": 1, "max": 2}  # scaling is for a job whose count can change
     return spec
 
 
@@ -290,3 +303,30 @@ def test_every_kind_the_parser_takes_the_schema_takes_and_a_field_of_another_kin
         parse_job_spec({**VALID, "workload": stray})
     assert not validator.is_valid({**VALID, "workload": stray})
     assert not validator.is_valid({**VALID, "workload": workload, "prioirty": 1})
+
+
+def test_a_device_range_makes_an_elastic_job():
+    spec = parse_job_spec({**VALID, "devices": {"min": 2, "max": 8}, "workload": {"global_batch": 64}})
+    assert (spec.devices, spec.min_devices, spec.elastic, spec.batch_scaling) == (8, 2, True, "fixed")
+    assert parse_job_spec(spec.to_dict()) == spec  # stored as devices, min_devices and elastic
+    spelled_out = {**VALID, "devices": 8, "min_devices": 2, "elastic": True, "workload": {"global_batch": 64}}
+    assert parse_job_spec(spelled_out) == spec
+
+
+@pytest.mark.parametrize(
+    ("scaling", "count", "batch", "lr"),
+    [
+        ("fixed", 2, 256, 0.1),  # the balancer splits the same global batch over fewer devices
+        ("linear", 2, 64, 0.025),  # a quarter of the devices: a quarter of the batch and of the rate
+        ("sqrt", 2, 64, 0.05),  # a quarter of the batch, half the rate
+        ("linear", 8, 256, 0.1),  # all it asked for: as written
+        ("linear", 3, 96, 0.0375),
+    ],
+)
+def test_the_global_batch_and_learning_rate_follow_the_count(scaling, count, batch, lr):
+    raw = {**VALID, "devices": {"min": 1, "max": 8}, "batch_scaling": scaling}
+    spec = parse_job_spec({**raw, "workload": {"global_batch": 256, "lr": 0.1}})
+    workload = spec.workload_on(count)
+    assert workload.global_batch == batch
+    assert workload.lr == pytest.approx(lr)
+    assert spec.workload_on(1).global_batch >= 1

@@ -402,6 +402,43 @@ def test_cycles_settle_without_preempting_in_a_loop():
     assert looped == []
 
 
+def elastic(job_id: int, tenant_id: int, low: int, high: int, *flavors: str, priority: int = 0) -> PendingJob:
+    return replace(job(job_id, tenant_id, high, *flavors, priority=priority), min_devices=low)
+
+
+@pytest.mark.parametrize(
+    ("free", "admitted"),
+    [
+        (8, 8),  # the whole range fits: all it asked for
+        (5, 5),  # the most that fits
+        (2, 2),  # its minimum
+        (1, None),  # below its minimum: it waits
+    ],
+)
+def test_an_elastic_job_starts_on_the_most_devices_that_fit_down_to_its_minimum(free, admitted):
+    result = schedule(snap([tenant(1, h100=8)], [elastic(1, 1, 2, 8, "h100")], free=devices("h100", "n-0", free)))
+    if admitted is None:
+        assert result.admissions == ()
+        assert result.waiting == (Waiting(1, "waiting for 2 devices; free now: 1 h100", 1),)
+    else:
+        assert [len(a.devices) for a in result.admissions] == [admitted]
+        assert result.admissions[0].demand == demand_for("cnn", {"h100": admitted}, RATES)
+
+
+def test_an_elastic_job_takes_what_its_quota_allows_and_preempts_only_for_its_minimum():
+    # Its quota leaves room for 3 of the 8 it asks for: it starts on 3, borrowing nothing.
+    result = schedule(snap([tenant(1, h100=3)], [elastic(1, 1, 2, 8, "h100")], free=devices("h100", "n-0", 8)))
+    assert [(len(a.devices), a.borrowing) for a in result.admissions] == [(3, False)]
+    # Nothing free: reclaiming from a borrower frees no more than its minimum needs.
+    tenants = [tenant(1, "c", h100=4), tenant(2, "c", h100=0)]
+    borrowers = [
+        running(100, 2, devices("h100", "n-0", 2), borrowing=True, at=1.0),
+        running(101, 2, devices("h100", "n-0", 2, start=2), borrowing=True, at=2.0),
+    ]
+    result = schedule(snap(tenants, [elastic(1, 1, 2, 4, "h100")], borrowers))
+    assert [(len(a.devices), a.preempts) for a in result.admissions] == [(2, (101,))]
+
+
 # --- determinism and exactness -------------------------------------------------------------------------------
 
 FLAVORS = ["h100", "a100", "tpu"]
