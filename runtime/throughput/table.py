@@ -202,9 +202,10 @@ class ThroughputTable:
         """From the same class and flavor at other device counts.
 
         Between two stored counts, the per-device rate is interpolated linearly in the device count
-        and multiplied by ``devices``. Outside them, the nearest count's per-device rate is held:
+        and multiplied by ``devices``. Outside them, the scaling curve learned from the stored counts
+        (``_scaling_curve``) when there are two or more; with one, that count's per-device rate is held:
         perfect data-parallel scaling, optimistic when scaling up (a larger gang spends more on
-        collectives) and pessimistic when scaling down, which is why the nearest count is used.
+        collectives) and pessimistic when scaling down.
         """
         counts = self._counts(job_class, flavor)
         if not counts:
@@ -219,12 +220,38 @@ class ThroughputTable:
             samples = min(lo.samples, hi.samples)
         else:
             nearest = self.entries[(job_class, flavor, below[-1] if below else above[0])]
-            per_device = nearest.per_device
-            basis = f"per-device rate of {nearest.devices} device(s) ({nearest.source}), scaled linearly"
+            curve = self._scaling_curve(job_class, flavor, counts)
             samples = nearest.samples
+            if curve is None:
+                per_device = nearest.per_device
+                basis = f"per-device rate of {nearest.devices} device(s) ({nearest.source}), scaled linearly"
+            else:
+                intercept, slope = curve
+                per_device = 1.0 / (intercept + slope * (devices - 1))
+                basis = (
+                    f"scaling curve learned from {len(counts)} device counts ({counts[0]}-{counts[-1]}): "
+                    f"{slope / intercept:.3g} of a device's time lost per device added"
+                )
         return ThroughputEntry(
             job_class, flavor, devices, per_device * devices, Source.ESTIMATED, samples=samples, basis=basis
         )
+
+    def _scaling_curve(self, job_class: str, flavor: str, counts: list[int]) -> tuple[float, float] | None:
+        """How the per-device rate falls as the gang grows, from the stored counts: the time a device
+        spends per sample is ``intercept + slope * (n - 1)`` (its own compute, plus a share of the
+        collectives that grows with the gang), fitted by least squares; None with fewer than two
+        counts, or when the fit says a device gets faster in a larger gang (noise; nothing to learn)."""
+        if len(counts) < 2:
+            return None
+        xs = [float(n - 1) for n in counts]
+        ys = [1.0 / self.entries[(job_class, flavor, n)].per_device for n in counts]
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        spread = sum((x - mean_x) ** 2 for x in xs)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+        intercept = mean_y - slope * mean_x
+        if slope < 0 or intercept <= 0:
+            return None
+        return intercept, slope
 
     def _from_other_flavor(self, job_class: str, flavor: str, devices: int, peak: float) -> ThroughputEntry | None:
         """From the class on another flavor, times the ratio of the two flavors' peak bf16 figures.

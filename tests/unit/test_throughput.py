@@ -43,11 +43,36 @@ def test_a_missing_count_between_two_is_interpolated_per_device():
     assert got.source == Source.ESTIMATED and "interpolated" in got.basis
 
 
-def test_a_count_outside_holds_the_nearest_per_device_rate():
-    table = ThroughputTable.of([entry(devices=2, rate=180.0), entry(devices=4, rate=320.0)], PEAKS)
-    assert table.lookup("resnet-small", "a100-sxm", 8).samples_per_s == pytest.approx(640.0)
+def test_a_count_outside_one_measured_count_holds_its_per_device_rate():
+    table = ThroughputTable.of([entry(devices=2, rate=180.0)], PEAKS)
+    assert table.lookup("resnet-small", "a100-sxm", 8).samples_per_s == pytest.approx(720.0)
     assert table.lookup("resnet-small", "a100-sxm", 1).samples_per_s == pytest.approx(90.0)
     assert table.lookup("resnet-small", "a100-sxm", 8).estimated
+
+
+def test_a_count_outside_several_follows_the_scaling_curve_they_teach():
+    # A device's time per sample grows by the same amount with each device added: 1/96 s alone,
+    # 1/90 at 2, 1/80 at 4 (the line through 2 and 4 passes through 1/96 at 1). So at 8: 1/65.45.
+    table = ThroughputTable.of([entry(devices=2, rate=180.0), entry(devices=4, rate=320.0)], PEAKS)
+    per_sample = [1 / 90, 1 / 80]
+    slope = (per_sample[1] - per_sample[0]) / 2
+    at_8 = table.lookup("resnet-small", "a100-sxm", 8)
+    assert at_8.samples_per_s == pytest.approx(8 / (per_sample[0] + 6 * slope))
+    assert at_8.estimated and "scaling curve learned from 2 device counts (2-4)" in at_8.basis
+    assert table.lookup("resnet-small", "a100-sxm", 1).samples_per_s == pytest.approx(1 / (per_sample[0] - slope))
+    # Three counts that do not lie on one line: the least-squares line, not any two of them.
+    noisy = ThroughputTable.of(
+        [entry(devices=1, rate=100.0), entry(devices=2, rate=190.0), entry(devices=4, rate=300.0)]
+    )
+    xs, ys = [0.0, 1.0, 3.0], [1 / 100, 2 / 190, 4 / 300]
+    mx, my = sum(xs) / 3, sum(ys) / 3
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    assert noisy.lookup("resnet-small", "a100-sxm", 16).samples_per_s == pytest.approx(16 / (my - b * mx + 15 * b))
+
+
+def test_a_curve_that_says_bigger_gangs_are_faster_per_device_is_not_believed():
+    table = ThroughputTable.of([entry(devices=1, rate=100.0), entry(devices=2, rate=220.0)], PEAKS)
+    assert table.lookup("resnet-small", "a100-sxm", 4).samples_per_s == pytest.approx(440.0)  # 2's rate held
 
 
 def test_another_flavor_is_estimated_from_peak_figures():
