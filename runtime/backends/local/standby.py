@@ -169,8 +169,6 @@ class StandbyProc:
     The exit status arrives from the pool (the rank's parent) on the claim's connection; holding
     that connection open is what keeps the rank alive (the pool stops a rank whose claimer left)."""
 
-    standby = True
-
     def __init__(self, sock: socket.socket, pid: int, mark: str, started_at: float) -> None:
         self.sock = sock
         self.pid = pid
@@ -183,22 +181,21 @@ class StandbyProc:
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
+        closed = False
         try:
-            while True:
-                chunk = self.sock.recv(4096)
-                if not chunk:  # the pool is gone, and the status with it
-                    if not pid_alive(self.pid, self.mark):
-                        self._done(LOST_CODE)
-                    break
+            while chunk := self.sock.recv(4096):
                 self._buffer += chunk
+            closed = True  # the pool closes the connection after the exit line, or when it dies
         except (BlockingIOError, InterruptedError):
             pass
         except OSError:
-            if not pid_alive(self.pid, self.mark):
-                self._done(LOST_CODE)
+            closed = True
         for line in self._buffer.split(b"\n")[:-1]:
             if line.startswith(b"exit "):
                 self._done(int(line.split()[1]))
+                return self.returncode
+        if closed and not pid_alive(self.pid, self.mark):
+            self._done(LOST_CODE)  # the pool died before it could say; its death sent the rank SIGTERM
         return self.returncode
 
     def _done(self, code: int) -> None:
