@@ -439,6 +439,9 @@ POLYCHIP_HEARTBEAT_TIMEOUT_S = float(os.environ.get("POLYCHIP_HEARTBEAT_TIMEOUT_
 # Until an attempt's first telemetry its ranks are starting (importing torch, rendezvous), which on a
 # loaded host takes minutes: they get this long before the silence counts.
 POLYCHIP_STARTUP_GRACE_S = float(os.environ.get("POLYCHIP_STARTUP_GRACE_S", "300"))
+# What moving a job to more devices costs (checkpoint, stop, restart, restore), until restarts of its
+# class have measured it: a shrunk or elastic job grows only when the faster steps repay it.
+POLYCHIP_MOVE_COST_S = float(os.environ.get("POLYCHIP_MOVE_COST_S", "30"))
 # Where jobs' checkpoints go, one folder (or prefix) per job: a directory (file:///...) or an
 # S3-compatible bucket, s3://bucket/prefix[?endpoint=http://host:port] (pip install polychip[s3]).
 POLYCHIP_CHECKPOINT_URL = os.environ.get("POLYCHIP_CHECKPOINT_URL", f"file://{VAR_DIR / 'checkpoints'}")

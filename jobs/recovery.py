@@ -37,11 +37,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
-from jobs import dispatch, locks, transitions
+from jobs import dispatch, locks, throughput, transitions
 from jobs.backends import get_backend
 from jobs.finishing import finish_job
 from jobs.metering import charge, end_allocations
@@ -50,12 +51,16 @@ from jobs.pool import SCHEDULABLE, as_free_device, free_devices, pool_fabric, se
 from jobs.snapshot import holding_jobs, pending_jobs, tenant_quotas
 from jobs.throughput import nau_rates
 from runtime.backends.base import DISRUPTION, NODE_LOST, Failure, Observation
-from runtime.recovery.plan import RestartPlan, RestartRequest, grow_target, plan_restart
+from runtime.recovery.plan import RestartPlan, RestartRequest, grow_target, plan_restart, worth_growing
 from runtime.scheduling import QuotaLedger
 from runtime.scheduling.placement import FreeDevice
 from runtime.worker.cli import EXIT_BAD_CONFIG
 
 log = logging.getLogger(__name__)
+
+
+# A move's cost is the median of this many recent restarts of the job's class.
+MOVE_COST_JOBS = 20
 
 
 def _describe_failure(reason: str, device: str | None) -> str:
@@ -542,6 +547,41 @@ def shrunk_job_ids() -> list[int]:
     return [job.pk for job in running.only("pk", "spec") if job.held < job.job_spec.devices]
 
 
+def move_cost_s(job_class: str) -> float:
+    """What a move costs a job of the class, from the frozen-to-training times that its recent restarts
+    measured (their median); the setting until some did."""
+    recent = (
+        TrainingJob.objects.filter(job_class=job_class, recovery__resumed__since_frozen_s__isnull=False)
+        .order_by("-pk")
+        .values_list("recovery__resumed__since_frozen_s", flat=True)[:MOVE_COST_JOBS]
+    )
+    measured = sorted(float(value) for value in recent)
+    if not measured:
+        return float(settings.POLYCHIP_MOVE_COST_S)
+    return measured[len(measured) // 2]
+
+
+def _step_seconds(job: TrainingJob, held: Sequence[FreeDevice], target: int) -> tuple[float, float]:
+    """A step's seconds now (measured) and on ``target`` devices: the measured speed times what the
+    throughput table's scaling curve says the larger gang gains, on the flavor it mostly runs on.
+    (0, 0) when it has not measured a speed yet."""
+    if not job.samples_per_s or not held:
+        return 0.0, 0.0
+    spec = job.job_spec
+    flavor = Counter(d.flavor for d in held).most_common(1)[0][0]
+    speeds = throughput.table()
+    try:
+        gain = (
+            speeds.lookup(job.job_class, flavor, target).samples_per_s
+            / speeds.lookup(job.job_class, flavor, len(held)).samples_per_s
+        )
+    except LookupError:
+        return 0.0, 0.0
+    now_s = spec.workload_on(len(held)).global_batch / job.samples_per_s
+    after_s = spec.workload_on(target).global_batch / (job.samples_per_s * gain)
+    return now_s, after_s
+
+
 def grow_back(job_id: int) -> bool:
     """Ask a shrunk job to move to more devices once the pool has them again."""
     job = TrainingJob.objects.filter(pk=job_id, state=JobState.RUNNING).first()
@@ -566,6 +606,21 @@ def grow_back(job_id: int) -> bool:
     total = len(_within_quota([*held, *usable], held, flavors, lambda f: ledger.headroom(job.tenant_id, f)))
     target = grow_target(current, job.job_spec.devices, total - current)
     if target is None:
+        return False
+    steps_left = max(0, job.total_steps - job.steps_done)
+    now_s, after_s = _step_seconds(job, held, target)
+    cost_s = move_cost_s(job.job_class)
+    if not worth_growing(steps_left, now_s, after_s, cost_s):
+        # The move would cost more than the faster steps save over the rest of the run.
+        log.info(
+            "job %s stays on %s devices: growing to %s saves %.1f s over %s steps, the move costs %.1f s",
+            job_id,
+            current,
+            target,
+            steps_left * (now_s - after_s),
+            steps_left,
+            cost_s,
+        )
         return False
     free = len(usable)
     return request_move(job_id, f"growing back from {current} to {target} devices ({free} free again, within quota)")

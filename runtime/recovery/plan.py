@@ -12,7 +12,8 @@ The order of preference for the next attempt's devices:
 
 The job takes as many as it asked for; when the pool has fewer it shrinks, down to its
 ``min_devices``; below that it waits. A shrunk job grows back when enough devices are free again
-(``grow_target``): it checkpoints, stops and restarts on the larger set.
+(``grow_target``) and the faster steps over the rest of its run repay the move (``worth_growing``): it
+checkpoints, stops and restarts on the larger set.
 """
 
 from __future__ import annotations
@@ -100,6 +101,15 @@ def plan_restart(
         other_flavor=len(chosen) - same,
         shrunk_by=request.devices - total,
     )
+
+
+def worth_growing(steps_left: int, step_s_now: float, step_s_after: float, move_cost_s: float) -> bool:
+    """Whether moving to the larger set finishes sooner: the move's cost (checkpoint, stop, restart,
+    restore) paid back by faster steps over the steps left. A step that would not get faster is never
+    worth a move; an unknown step time (no telemetry yet) is not judged."""
+    if step_s_now <= 0 or step_s_after <= 0:
+        return step_s_now <= 0
+    return move_cost_s + steps_left * step_s_after < steps_left * step_s_now
 
 
 def grow_target(current: int, devices: int, allowed_free: int) -> int | None:

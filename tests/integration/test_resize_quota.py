@@ -138,3 +138,33 @@ def test_a_shrunk_job_does_not_grow_past_a_queued_job_that_could_start(pool, ten
     submit(tenants[1], 4, wait=True)
     assert recovery.grow_back(job.pk) is True
     assert stops == [({"run": "fake"}, "growing back from 1 to 4 devices (3 free again, within quota)")]
+
+
+def test_a_shrunk_job_grows_only_when_its_faster_steps_repay_the_move(pool, tenants, stops):
+    # Measured: 100 samples/s on one NPU, the default global batch of 96 (0.96 s a step). On three, the
+    # table (this class never measured: per-device rates by peak figures) gives 3x: 0.32 s. Each step
+    # saves 0.64 s; the move costs POLYCHIP_MOVE_COST_S (30 s) until restarts of the class measure it.
+    _only_device_quota(tenants[0], nominal=3)
+    job = _job(tenants[0], JobState.RUNNING, devices=4, min_devices=1, held=1)
+    TrainingJob.objects.filter(pk=job.pk).update(samples_per_s=100.0, total_steps=100, steps_done=60)
+
+    assert recovery.grow_back(job.pk) is False  # 40 steps left save 25.6 s: less than the 30 s move
+    assert stops == []
+
+    TrainingJob.objects.filter(pk=job.pk).update(steps_done=0)
+    assert recovery.grow_back(job.pk) is True  # 100 steps left save 64 s
+    JobAttempt.objects.filter(job=job).update(stop_requested="")
+    stops.clear()
+
+    # Restarts of the class measured 5 s from frozen to training (the median of what they measured).
+    for seconds in (4.0, 5.0, 90.0):
+        TrainingJob.objects.create(
+            tenant_id=tenants[1].id,
+            name="measured",
+            spec={"name": "measured", "devices": 1, "flavors": [NPU]},
+            state=JobState.SUCCEEDED,
+            recovery={"resumed": {"since_frozen_s": seconds}},
+        )
+    assert recovery.move_cost_s("synthetic-mlp") == 5.0
+    TrainingJob.objects.filter(pk=job.pk).update(steps_done=60)
+    assert recovery.grow_back(job.pk) is True  # 25.6 s saved for a 5 s move

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.recovery.plan import RestartRequest, grow_target, plan_restart
+from runtime.recovery.plan import RestartRequest, grow_target, plan_restart, worth_growing
 from runtime.scheduling.placement import FreeDevice
 
 
@@ -92,3 +92,17 @@ def test_min_devices_outside_the_size_is_refused():
 )
 def test_grow_target(current, devices, free, target):
     assert grow_target(current, devices, free) == target
+
+
+@pytest.mark.parametrize(
+    ("steps_left", "now_s", "after_s", "cost_s", "grow"),
+    [
+        (100, 0.6, 0.2, 30.0, True),  # 40 s saved for a 30 s move
+        (50, 0.6, 0.2, 30.0, False),  # 20 s saved
+        (75, 0.6, 0.2, 30.0, False),  # exactly even: not worth the risk of a move
+        (1000, 0.6, 0.6, 0.0, False),  # no faster: never
+        (10, 0.0, 0.0, 30.0, True),  # no speed measured yet: not judged
+    ],
+)
+def test_a_move_is_worth_it_only_when_the_faster_steps_repay_it(steps_left, now_s, after_s, cost_s, grow):
+    assert worth_growing(steps_left, now_s, after_s, cost_s) is grow
