@@ -18,7 +18,7 @@ Pure decisions (no torch, no I/O, no clock): the worker measures, this module de
   measurements leave its estimate by more than ``shift`` on ``shift_patience`` checks in a row, all
   the same way, changed speed (a throttled chip, a noisy neighbour): its estimate jumps to what it
   now measures (the EWMA would take several steps to follow, each of them slow) and the split follows
-  at once; from then on, with the ``trust`` blend, the scores no longer weigh in.
+  at once.
 """
 
 from __future__ import annotations
@@ -228,11 +228,12 @@ class BalancerConfig:
     # reshuffle. Noise does not last this long above it (the predicted speeds are smoothed).
     small_threshold: float = 0.015
     small_patience: int = 25
-    # A change of level: measurements this far from a rank's estimate (as a ratio) on this many checks in
-    # a row, the same way. Noise on a shared host stays within a few percent and changes sign; a chip that
-    # halves its speed is 50% off on every check, and each step at the old split waits for it.
+    # A change of level: measurements this far from a rank's estimate (as a ratio), and 3x further than
+    # the rank's usual deviation, on this many checks in a row, the same way. A chip that halves its
+    # speed is 50% off on every check, and each step at the old split waits for it; a rank whose own
+    # compute competes for a busy host's cores is 20-50% off now and then, so its bar is higher.
     shift: float = 0.2
-    shift_patience: int = 2
+    shift_patience: int = 3
     ewma: float = 0.5  # weight of the newest measurement in ``predicted``
     straggler_ratio: float = 0.5  # slower than this share of what its score promises ...
     straggler_patience: int = 10  # ... for this many checks in a row: reported
@@ -298,7 +299,7 @@ class Balancer:
     _lingering: int = field(init=False, default=0)  # checks in a row with a gain above small_threshold
     _slow: list[int] = field(init=False, default_factory=list)
     _shifting: list[list[float]] = field(init=False, default_factory=list)  # per rank: measurements off its estimate
-    _scores_stale: bool = field(init=False, default=False)  # a rank changed speed: its score describes the past
+    _noise: list[float] = field(init=False, default_factory=list)  # per rank: its usual |measured / estimate - 1|
 
     def __post_init__(self) -> None:
         if any(not math.isfinite(s) or s <= 0 for s in self.scores):
@@ -306,6 +307,7 @@ class Balancer:
         n = len(self.scores)
         self._slow = [0] * n
         self._shifting = [[] for _ in range(n)]
+        self._noise = [0.0] * n
         if self.config.mode == "equal":
             self._split = equal_split(self.global_batch, n, self.caps)
         else:
@@ -329,8 +331,6 @@ class Balancer:
         predicted = [p / predicted_total for p in self._predicted]
         a = self.config.score_weight
         if self.config.blend == "trust":
-            if self._scores_stale:
-                return predicted
             a *= self.config.trust_steps / (self.config.trust_steps + self._observations)
         return [a * s + (1 - a) * p for s, p in zip(scores, predicted, strict=True)]
 
@@ -360,7 +360,7 @@ class Balancer:
 
         target = proportional_split(self.global_batch, self.weights(), self.caps)
         gain = balance_efficiency(target.per_rank(), self._predicted) / efficiency - 1 if efficiency > 0 else 0.0
-        if shifted and gain > self.config.small_threshold:
+        if shifted and gain > self.config.threshold:
             # The shift has already lasted shift_patience checks: waiting for patience more would
             # only run more steps at a split made for the old speed.
             self._drifting = self._lingering = 0
@@ -400,15 +400,18 @@ class Balancer:
     def _follow(self, samples_per_s: Sequence[float]) -> bool:
         """Update the estimates with a step's measurements; True when a rank's speed changed level.
 
-        A measurement off its rank's estimate by more than ``shift`` is held back from the EWMA (one
-        outlier does not move the estimate); ``shift_patience`` of them in a row, the same way, are
-        the rank's new level, which the estimate takes at once."""
-        alpha, shift, shifted = self.config.ewma, self.config.shift, False
+        A measurement off its rank's estimate by more than ``shift`` and by more than 3x the rank's
+        usual deviation is held back from the EWMA (an outlier does not move the estimate);
+        ``shift_patience`` of them in a row, the same way, are the rank's new level, which the
+        estimate takes at once."""
+        alpha, shifted = self.config.ewma, False
         for rank, (m, p) in enumerate(zip(samples_per_s, self._predicted, strict=True)):
             if m <= 0:
                 continue
             held = self._shifting[rank]
             off = m / p - 1 if p > 0 else 0.0
+            shift = max(self.config.shift, 3 * self._noise[rank])
+            self._noise[rank] = 0.9 * self._noise[rank] + 0.1 * min(1.0, abs(off))
             if abs(off) <= shift or (held and (held[-1] > p) != (m > p)):
                 held.clear()
             if abs(off) > shift:
@@ -416,7 +419,7 @@ class Balancer:
                 if len(held) >= self.config.shift_patience:
                     self._predicted[rank] = sum(held) / len(held)
                     held.clear()
-                    shifted = self._scores_stale = True
+                    shifted = True
                 continue
             self._predicted[rank] = alpha * m + (1 - alpha) * p
         return shifted

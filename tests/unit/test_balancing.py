@@ -166,8 +166,7 @@ def test_small_threshold_is_checked():
 
 def test_a_change_of_level_is_followed_at_once_and_one_outlier_is_not():
     """A rank that halves its speed: after shift_patience checks its estimate is the new speed (not an
-    EWMA still half way) and the split is the one for the new speeds; with the trust blend the scores,
-    which describe the old device, no longer pull the split. A single outlier moves nothing."""
+    EWMA still half way) and the split follows at once. A single outlier moves nothing."""
     balancer = Balancer(BalancerConfig(blend="trust"), 170, [1, 3, 5, 8])
     for step in range(1, 30):
         assert not balancer.observe(step, [10, 30, 50, 80]).changed
@@ -175,20 +174,40 @@ def test_a_change_of_level_is_followed_at_once_and_one_outlier_is_not():
     assert balancer.predicted[3] == pytest.approx(80)
     assert not balancer.observe(31, [10, 30, 50, 80]).changed
     assert not balancer.observe(32, [10, 30, 50, 40]).changed
-    decision = balancer.observe(33, [10, 30, 50, 40])
+    assert not balancer.observe(33, [10, 30, 50, 40]).changed
+    decision = balancer.observe(34, [10, 30, 50, 40])
     assert decision.changed and "changed speed" in decision.reason
     assert balancer.predicted[3] == pytest.approx(40)
-    assert balancer.split.per_rank() == (13, 39, 66, 52)  # exactly 1:3:5:4 of 170
-    assert balance_efficiency(balancer.split.per_rank(), [10, 30, 50, 40]) > 0.99
+    assert balancer.split == proportional_split(170, balancer.weights())
+    # Short of 1.0 only by what the scores (1:3:5:8) still weigh in the trust blend after 34 checks.
+    assert balance_efficiency(balancer.split.per_rank(), [10, 30, 50, 40]) > 0.96
     # A rank that speeds up 2x is followed the same way.
-    for step in range(34, 36):
+    for step in range(35, 38):
         decision = balancer.observe(step, [10, 60, 50, 40])
-    assert decision.changed and balancer.split == proportional_split(170, [10, 60, 50, 40])
+    assert decision.changed and balancer.predicted[1] == pytest.approx(60)
+    assert balance_efficiency(balancer.split.per_rank(), [10, 60, 50, 40]) > 0.95
 
 
 def test_alternating_outliers_are_not_a_change_of_level():
     balancer = Balancer(BalancerConfig(blend="trust"), 96, [1, 2, 4])
     for step in range(1, 40):
         factor = 1.5 if step % 2 else 0.6
-        assert not balancer.observe(step, [100, 200, 400 * factor if step > 10 else 400]).changed
-    assert balancer.predicted[2] == pytest.approx(400)
+        decision = balancer.observe(step, [100, 200, 400 * factor if step > 10 else 400])
+        assert "changed speed" not in decision.reason
+
+
+def test_a_rank_whose_speed_is_noisy_needs_a_larger_change_to_count_as_one():
+    """A rank whose own compute competes for a busy host measures 30-40% off its estimate now and
+    then; three such steps in a row the same way are not a change of level for it (its bar is 3x its
+    usual deviation), while a rank that measured steadily would have been re-split for."""
+    rng = random.Random(3)
+    balancer = Balancer(BalancerConfig(blend="trust"), 64, [1, 1])
+    for step in range(1, 80):
+        noisy = 300 * rng.choice([0.65, 0.8, 1.0, 1.0, 1.2, 1.35])
+        balancer.observe(step, [300, noisy])
+    changed = [balancer.observe(step, [300, 300 * 0.7]).changed for step in range(80, 83)]
+    assert changed == [False, False, False]
+    steady = Balancer(BalancerConfig(blend="trust"), 64, [1, 1])
+    for step in range(1, 80):
+        steady.observe(step, [300, 300])
+    assert [steady.observe(step, [300, 300 * 0.7]).changed for step in range(80, 83)] == [False, False, True]
