@@ -44,6 +44,7 @@ def _hypothetical(tenant_id: int, spec: JobSpec, submitted_at: float) -> Pending
         devices=spec.devices,
         flavors=spec.flavors,
         job_class=spec.workload.job_class,
+        min_devices=spec.min_devices if spec.elastic else None,
     )
 
 
@@ -60,9 +61,10 @@ def idle_pool_placement(*, tenant_id: int, spec: JobSpec) -> tuple[dict[str, int
     and, when it could not start even there, why it never will (then no devices)."""
     every_device = scheduler_devices(Device.objects.all())
     in_pool = Counter(device.flavor for device in every_device if device.flavor in spec.flavors)
-    if sum(in_pool.values()) < spec.devices:
+    fewest = (spec.min_devices or spec.devices) if spec.elastic else spec.devices  # an elastic job starts on its min
+    if sum(in_pool.values()) < fewest:
         return {}, (
-            f"the pool has {_flavors_in_pool(in_pool, spec.flavors)} and this job needs {spec.devices}, so it could "
+            f"the pool has {_flavors_in_pool(in_pool, spec.flavors)} and this job needs {fewest}, so it could "
             f"never start; ask for at most {sum(in_pool.values())}, allow more flavors, or set wait_for_capacity: true "
             "to wait for more devices"
         )

@@ -72,3 +72,15 @@ def test_a_bad_range_is_refused_naming_the_field(acme):
     assert response.status_code == 400
     assert "devices.min" in response.content.decode()
     assert not TrainingJob.objects.exists()
+
+
+def test_an_elastic_job_larger_than_the_pool_is_taken_if_its_minimum_fits(acme):
+    # The pool has four NPUs: a range up to eight may start on four; one whose minimum is six never could.
+    response = _post(acme, {**ELASTIC, "devices": {"min": 2, "max": 8}})
+    assert response.status_code == 201, response.content
+    assert services.admit_queued_jobs() == [response.json()["id"]]
+    assert TrainingJob.objects.get(pk=response.json()["id"]).allocations.count() == 4
+
+    refused = _post(acme, {**ELASTIC, "devices": {"min": 6, "max": 8}})
+    assert refused.status_code == 400
+    assert "the pool has 4 ascend-910b and this job needs 6" in refused.content.decode()
