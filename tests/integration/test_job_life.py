@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from decimal import ROUND_HALF_UP, Decimal
@@ -12,6 +13,7 @@ import pytest
 from billing.models import LedgerEntry, UsageOutbox, UsageRecord
 from billing.rating import epoch_ms
 from jobs.models import Allocation, JobEvent, JobState, TrainingJob
+from runtime.backends.local.procs import pid_alive
 from tests.attempts import handle_of, run_of
 from tests.processes import processes_mentioning
 from tests.stack import portal_session
@@ -155,7 +157,9 @@ def test_a_rank_that_dies_fails_a_job_without_restarts_left_with_its_reason_and_
     api.wait_for(job_id, {"running"})
     _wait(lambda: api.get(f"/api/v1/jobs/{job_id}").json()["progress"]["steps_done"] > 0)
     run_dir = handle_of(job_id)["run_dir"]
-    [victim] = processes_mentioning(f"{run_dir}/rank1.json")
+    # From the run's status, not a command line: a rank in a warm standby has the pool's.
+    ranks = json.loads((Path(run_dir) / "status.json").read_text())["ranks"]
+    victim = next(r["pid"] for r in ranks if r["rank"] == 1)
 
     os.kill(victim, signal.SIGKILL)  # a device lost mid-step
 
@@ -165,7 +169,7 @@ def test_a_rank_that_dies_fails_a_job_without_restarts_left_with_its_reason_and_
     events = list(JobEvent.objects.filter(job_id=job_id, kind="transition").values_list("to_state", "data"))
     assert events[-1] == ("failed", {"reason": job["failure_reason"]})
     assert UsageRecord.objects.filter(job_id=job_id).count() == 2
-    _wait(lambda: processes_mentioning(run_dir) == [], timeout_s=30)
+    _wait(lambda: processes_mentioning(run_dir) == [] and not any(pid_alive(r["pid"]) for r in ranks), timeout_s=30)
 
 
 def _wait(predicate, timeout_s: float = 60) -> None:
