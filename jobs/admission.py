@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -25,7 +26,7 @@ from django.utils import timezone
 from billing import services as billing
 from controlplane.monitoring import priority_band
 from jobs import dispatch, locks, transitions
-from jobs.metering import end_allocations, open_usage
+from jobs.metering import end_allocations_of, open_usage
 from jobs.models import (
     AdmissionLock,
     AdmissionRequest,
@@ -63,41 +64,63 @@ def placement_policy() -> Policy | None:
 # --- applying decisions -----------------------------------------------------------------------
 
 
-def _preempt(preemption: Preemption, now: datetime) -> bool:
-    """Give a job's devices back and put it in the queue again as its next attempt."""
-    job = locks.job(preemption.job_id)
-    if job is None or job.state not in HOLDING_STATES:
-        return False  # it ended meanwhile, and so gave its devices back already
-    held = list(job.allocations.filter(ended_at__isnull=True).values_list("device__device_id", flat=True))
-    # The old attempt is asked to save a full checkpoint before it is torn down (lifecycle.teardown_job),
-    # and the next attempt, which launches only once that is done, restores it.
-    requeued = transitions.claim(
-        job.pk,
-        JobState.QUEUED,
-        from_states=HOLDING_STATES,
-        attempt=job.attempt,
-        next_attempt=True,
-        previous_devices=held,
-        message=f"{preemption.reason}; re-queued, asked to checkpoint first and resume from its newest checkpoint",
-        data={"preempted_by": preemption.by_job_id, "attempt": job.attempt + 1},
-        preemptions=F("preemptions") + 1,
-        admitted_at=None,
-        started_at=None,
-        demand={},
-        borrowing=False,
-        steps_done=0,
-        rank_stats={},
-        balance_stats={},
-        comm_stats={},
-        samples_per_s=None,
-        pending_reason="preempted; waiting to be admitted again",
+# What a preempted job's row returns to: the queue, as its next attempt, with what the last one
+# measured cleared.
+_REQUEUED: dict[str, Any] = {
+    "preemptions": F("preemptions") + 1,
+    "admitted_at": None,
+    "started_at": None,
+    "demand": {},
+    "borrowing": False,
+    "steps_done": 0,
+    "rank_stats": {},
+    "balance_stats": {},
+    "comm_stats": {},
+    "samples_per_s": None,
+    "pending_reason": "preempted; waiting to be admitted again",
+}
+
+
+def _preempt_all(preemptions: Sequence[Preemption], now: datetime) -> list[int]:
+    """Give the victims' devices back and put them in the queue again as their next attempts, in a few
+    statements for them all (a cycle at scale preempts dozens); the ids preempted. A victim that ended
+    meanwhile has given its devices back already and is skipped."""
+    if not preemptions:
+        return []
+    locked = locks.jobs((p.job_id for p in preemptions), fields=("pk", "state", "tenant_id", "attempt", "job_class"))
+    victims = {p.job_id: p for p in preemptions if p.job_id in locked and locked[p.job_id].state in HOLDING_STATES}
+    if not victims:
+        return []
+    held: dict[int, list[str]] = defaultdict(list)
+    open_allocations = Allocation.objects.filter(job_id__in=list(victims), ended_at__isnull=True).order_by("rank")
+    for job_id, device_id in open_allocations.values_list("job_id", "device__device_id"):
+        held[job_id].append(device_id)
+    requeued: list[TrainingJob] = []
+    for state in HOLDING_STATES:
+        # The old attempt is asked to save a full checkpoint before it is torn down
+        # (lifecycle.teardown_job), and the next attempt, which launches only once that is done, restores it.
+        moves = [
+            transitions.BulkMove(
+                job_id=job_id,
+                fields=_REQUEUED,
+                message=f"{p.reason}; re-queued, asked to checkpoint first and resume from its newest checkpoint",
+                data={"preempted_by": p.by_job_id, "attempt": locked[job_id].attempt + 1},
+                previous_devices=tuple(held[job_id]),
+            )
+            for job_id, p in victims.items()
+            if locked[job_id].state == state
+        ]
+        moved, _ = transitions.claim_many(moves, state, JobState.QUEUED, now=now, next_attempt=True)
+        requeued += moved
+    end_allocations_of(requeued, now)
+    launched = JobAttempt.objects.filter(
+        job_id__in=[job.pk for job in requeued], backend_handle__isnull=False
+    ).values_list("job_id", "number")
+    ended_attempt = {job.pk: job.attempt - 1 for job in requeued}
+    dispatch.after_commit_each(
+        dispatch.TEARDOWN, [(job_id,) for job_id, number in launched if ended_attempt[job_id] == number]
     )
-    if requeued is None:
-        return False
-    end_allocations(requeued, now)
-    if JobAttempt.objects.filter(job_id=job.pk, number=job.attempt, backend_handle__isnull=False).exists():
-        dispatch.after_commit(dispatch.TEARDOWN, job.pk)
-    return True
+    return [job.pk for job in requeued]
 
 
 def _admit_all(admissions: Iterable[Admission], now: datetime) -> tuple[list[int], list[int]]:
@@ -247,7 +270,7 @@ def _cycle() -> CycleReport:
     result = schedule(snapshot, blend=settings.POLYCHIP_FAIR_SHARE_BLEND, policy=placement_policy())
     decide_s = time.perf_counter() - started
 
-    preempted = [p.job_id for p in result.preemptions if _preempt(p, now)]
+    preempted = _preempt_all(result.preemptions, now)
     making_room: list[tuple[int, str]] = []
     for admission in result.admissions:
         if admission.preempts:

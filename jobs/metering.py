@@ -5,7 +5,7 @@ much of the held time trained nothing."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from django.db.models import Q
@@ -33,23 +33,34 @@ def end_allocations(job: TrainingJob, ended_at: datetime, *, credit_reason: str 
     """Close the job's open allocations and write their usage in the current transaction (billing's
     outbox goes with it, so the ledger learns of every interval exactly once). ``credit_reason``: the
     platform or a device ended this attempt, so its usage is credited on the invoice."""
-    open_allocations = list(job.allocations.filter(ended_at__isnull=True).select_related("device__flavor"))
+    return end_allocations_of([job], ended_at, credit_reason=credit_reason)
+
+
+def end_allocations_of(jobs: Sequence[TrainingJob], ended_at: datetime, *, credit_reason: str = "") -> int:
+    """``end_allocations`` for several jobs at once, in a few statements (an admission cycle preempts
+    dozens): the number of allocations closed."""
+    by_pk = {job.pk: job for job in jobs}
+    if not by_pk:
+        return 0
+    open_allocations = list(
+        Allocation.objects.filter(job_id__in=list(by_pk), ended_at__isnull=True).select_related("device__flavor")
+    )
     if not open_allocations:
         return 0
     for allocation in open_allocations:
         allocation.ended_at = ended_at
     Allocation.objects.bulk_update(open_allocations, ["ended_at"])
-    rates = nau_rates([job.job_class])
+    rates = nau_rates({job.job_class for job in by_pk.values()})
     billing.record_usage(
         UsageInterval(
             key=f"allocation:{a.pk}",
-            tenant_id=job.tenant_id,
-            job_id=job.pk,
+            tenant_id=by_pk[a.job_id].tenant_id,
+            job_id=a.job_id,
             device_id=a.device.device_id,
             flavor=a.device.flavor.name,
             started_at=a.started_at,
             ended_at=ended_at,
-            nau_milli=rates.get((job.job_class, a.device.flavor.name), 1000),
+            nau_milli=rates.get((by_pk[a.job_id].job_class, a.device.flavor.name), 1000),
             credit_reason=credit_reason,
         )
         for a in open_allocations

@@ -227,6 +227,15 @@ def scheduler_devices(devices: QuerySet[Device]) -> list[FreeDevice]:
     ]
 
 
+def releasing_devices() -> list[FreeDevice]:
+    """Schedulable devices that no open allocation holds but a run not yet confirmed gone still
+    occupies: the devices ``free_devices`` leaves out until their teardown is confirmed."""
+    held = Allocation.objects.filter(ended_at__isnull=True).values("device_id")
+    untorn_jobs = JobAttempt.objects.filter(untorn_attempts()).values("job_id")
+    lingering = Allocation.objects.filter(job__in=untorn_jobs).values("device_id")
+    return scheduler_devices(Device.objects.filter(health__in=SCHEDULABLE, pk__in=lingering).exclude(pk__in=held))
+
+
 def free_devices() -> list[FreeDevice]:
     """Schedulable devices that no open allocation holds and no lingering run still occupies."""
     held = Allocation.objects.filter(ended_at__isnull=True).values("device_id")

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from jobs.metering import charge
 from jobs.models import Allocation, JobState, TrainingJob
-from jobs.pool import free_devices, pool_fabric
+from jobs.pool import free_devices, pool_fabric, releasing_devices
 from jobs.throughput import throughput_matrix
 from runtime.scheduling import (
     NAU,
@@ -189,6 +189,7 @@ def load_snapshot(now: datetime) -> Snapshot:
         pending=pending,
         admitted=holding_jobs(rates),
         free=free_devices(),
+        releasing=releasing_devices(),
         nau_rates=rates,
         history=usage_history(now, rates),
         distance=pool_fabric().hops,  # devices chosen by topology: fewest hops

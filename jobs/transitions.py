@@ -122,14 +122,17 @@ class BulkMove:
     fields: Mapping[str, Any]
     message: str
     data: Mapping[str, Any]
+    # With ``claim_many(next_attempt=True)``: the devices the next attempt should prefer.
+    previous_devices: tuple[str, ...] = ()
 
 
 def claim_many(
-    moves: Iterable[BulkMove], from_state: str, to_state: str, *, now: datetime
+    moves: Iterable[BulkMove], from_state: str, to_state: str, *, now: datetime, next_attempt: bool = False
 ) -> tuple[list[TrainingJob], list[int]]:
     """The bulk form of ``claim`` for an admission cycle: the rows locked in id order, one
     conditional UPDATE each, the events in one insert. Returns (the jobs moved, ids whose claim
-    failed: they stay where they are, and the next cycle decides again)."""
+    failed: they stay where they are, and the next cycle decides again). ``next_attempt`` as for
+    ``claim``: each job's current attempt ends (its move's message the reason) and the next starts."""
     moves = list(moves)
     if not allowed(from_state, to_state):
         raise ValueError(f"the transition table does not allow {from_state} -> {to_state}")
@@ -149,6 +152,8 @@ def claim_many(
         for key in keys
         if all(key in move.fields and move.fields[key] == claimed[0][1].fields[key] for _, move in claimed)
     }
+    if next_attempt:
+        shared["attempt"] = F("attempt") + 1
     moved = TrainingJob.objects.filter(pk__in=[job.pk for job, _ in claimed], state=from_state).update(
         state=to_state, state_changed_at=now, **shared
     )
@@ -177,6 +182,31 @@ def claim_many(
         )
         for job, move in claimed
     )
+    if next_attempt:
+        _next_attempts(claimed, to_state, now)
     for job, _ in claimed:
         job.state = to_state
     return [job for job, _ in claimed], lost
+
+
+def _next_attempts(claimed: list[tuple[TrainingJob, BulkMove]], to_state: str, now: datetime) -> None:
+    """End each claimed job's current attempt and start its next, in three statements."""
+    reasons = {job.pk: move.message[:500] for job, move in claimed}
+    numbers = {job.pk: job.attempt for job, _ in claimed}
+    ending = [
+        attempt
+        for attempt in JobAttempt.objects.filter(job_id__in=list(numbers), ended_at__isnull=True)
+        if attempt.number == numbers[attempt.job_id]
+    ]
+    for attempt in ending:
+        attempt.ended_at, attempt.ended_as, attempt.end_reason = now, to_state, reasons[attempt.job_id]
+    JobAttempt.objects.bulk_update(ending, ["ended_at", "ended_as", "end_reason"])
+    JobAttempt.objects.bulk_create(
+        [
+            JobAttempt(job_id=job.pk, number=job.attempt + 1, previous_devices=list(move.previous_devices))
+            for job, move in claimed
+        ],
+        ignore_conflicts=True,  # as claim's get_or_create: an attempt row that exists already stays
+    )
+    for job, _ in claimed:
+        job.attempt += 1

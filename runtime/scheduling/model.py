@@ -86,6 +86,10 @@ class Snapshot:
     # Hops between two nodes by name (runtime.inventory.Fabric.hops): devices are then chosen by
     # topology (placement.choose_devices); None keeps the fewest-nodes packing.
     distance: NodeDistance | None = None
+    # Devices that no job holds but that a run being torn down (a preempted or ended attempt the
+    # backend has not confirmed gone) still occupies: free soon. A job owed its nominal share that
+    # waits only for them keeps its quota for itself in the meantime (scheduler: reservation).
+    releasing: Sequence[FreeDevice] = ()
 
 
 @dataclass(frozen=True)

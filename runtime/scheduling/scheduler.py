@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -211,6 +211,12 @@ class _Cycle:
         # A device listed as free but held by a running job is taken as held: never handed out twice.
         held = {device.device_id for job in snapshot.admitted for device in job.devices}
         self.pool = FreePool((d for d in snapshot.free if d.device_id not in held), distance=snapshot.distance)
+        free_ids = {d.device_id for d in snapshot.free}
+        self.releasing = Counter(
+            d.flavor
+            for d in {d.device_id: d for d in snapshot.releasing}.values()
+            if d.device_id not in held | free_ids
+        )
         queues: dict[int, list[PendingJob]] = defaultdict(list)
         for job in snapshot.pending:
             queues[job.tenant_id].append(job)
@@ -288,6 +294,29 @@ class _Cycle:
             raise RuntimeError("_rooms gave no room for NOMINAL, which always has one")
         rooms, nau_room, free = nominal.vectors(flavors)
         return assign_elastic(job, flavors, rates, free, rooms, nau_room)
+
+    def _reserve(self, job: PendingJob, flavors: Sequence[str], rates: Sequence[int]) -> bool:
+        """For a job that fits its nominal quota but waits for devices that runs being torn down still
+        occupy (often its own victims): keep that quota for it until the cycle ends, so that no borrower
+        decided after it takes the room and is reclaimed in turn, cycle after cycle, while they go."""
+        if not self.releasing:
+            return False
+        nominal = self._rooms(job.tenant_id, NOMINAL, None)
+        if nominal is None:
+            raise RuntimeError("_rooms gave no room for NOMINAL, which always has one")
+        rooms, nau_room, free = nominal.vectors(flavors)
+        soon = [available + self.releasing.get(flavor, 0) for flavor, available in zip(flavors, free, strict=True)]
+        assignment = assign_elastic(job, flavors, rates, soon, rooms, nau_room)
+        if assignment is None:
+            return False
+        self.ledger.add(job.tenant_id, demand_for(job.job_class, assignment, self.snapshot.nau_rates))
+        self.epoch += 1
+        self._usage_changed(job.tenant_id)
+        releasing = ", ".join(f"{self.releasing[f]} {f}" for f in flavors if self.releasing.get(f))
+        self.waiting[job.tenant_id].append(
+            (job.job_id, f"waiting for devices being released ({releasing}); its quota is kept for it meanwhile")
+        )
+        return True
 
     def _could_only_borrow(self, job: PendingJob) -> bool:
         """Whether the job fits what is free now as a borrower, but not within its tenant's nominal quota."""
@@ -373,6 +402,8 @@ class _Cycle:
         assignment = assign_elastic(job, flavors, rates, free, rooms, nau_room)
         if nominal_only:  # the first pass admits within nominal only, a mix if need be (see _pass)
             assignment = self._nominal_assignment(job, flavors, rates)
+            if assignment is None and self._reserve(job, flavors, rates):
+                return set()
         victims: list[AdmittedJob] = []
         mode = ""
         # An elastic job that fits nowhere now preempts for its smallest count: the least it disturbs.

@@ -92,7 +92,8 @@ def forecast_starts(
     ends: dict[int, float] = {
         job_id: end for job_id in running if (end := ends_at.get(job_id)) is not None and math.isfinite(end)
     }
-    free: dict[str, FreeDevice] = {device.device_id: device for device in snapshot.free}
+    # Devices being released are free within seconds: the replay has them free from the start.
+    free: dict[str, FreeDevice] = {device.device_id: device for device in (*snapshot.free, *snapshot.releasing)}
     waiting_for = set(watch) & set(pending)
     starts: dict[int, float] = {}
     placements: dict[int, tuple[FreeDevice, ...]] = {}
@@ -110,6 +111,7 @@ def forecast_starts(
                     pending=sorted(pending.values(), key=lambda job: job.job_id),
                     admitted=list(running.values()),
                     free=sorted(free.values(), key=lambda device: device.device_id),
+                    releasing=(),
                 ),
                 blend=blend,
                 policy=policy,

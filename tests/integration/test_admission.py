@@ -12,6 +12,7 @@ import threading
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from billing.models import UsageRecord
@@ -146,6 +147,54 @@ def test_a_tenant_reclaims_its_lent_quota_by_preempting_borrowed_work(lab):
     # It waits now, and says why.
     assert services.admit_queued_jobs() == [owner]
     assert job(borrower).pending_reason
+
+
+def test_one_cycle_preempts_several_victims_each_into_its_next_attempt(lab, monkeypatch):
+    from jobs import dispatch
+    from jobs.models import JobAttempt
+
+    sent: list[tuple[str, list]] = []
+    monkeypatch.setattr(dispatch, "after_commit_each", lambda name, args: sent.append((name, list(args))))
+    acme, globex, _ = lab
+    in_cohort("lab", acme, globex)
+    quota(acme, "ascend-910b", 3)
+    quota(globex, "ascend-910b", 1)
+    singles = [submit(globex, 1, name=f"single-{i}") for i in range(4)]
+    assert services.admit_queued_jobs() == singles  # one within its nominal quota, three borrowed
+    borrowed = [j for j in singles if job(j).borrowing]
+    assert len(borrowed) == 3
+    JobAttempt.objects.filter(job_id=borrowed[0], number=0).update(backend_handle={"run": "launched"})
+    devices_of = {
+        j: list(Allocation.objects.filter(job_id=j).values_list("device__device_id", flat=True)) for j in borrowed
+    }
+
+    owner = submit(acme, 3, name="owner")
+    sent.clear()
+    assert services.admit_queued_jobs() == []
+
+    for victim in borrowed:
+        requeued = job(victim)
+        assert (requeued.state, requeued.attempt, requeued.preemptions) == (JobState.QUEUED, 1, 1)
+        ended = JobAttempt.objects.get(job_id=victim, number=0)
+        assert ended.ended_as == JobState.QUEUED and ended.end_reason.startswith("reclaimed by tenant")
+        assert JobAttempt.objects.get(job_id=victim, number=1).previous_devices == devices_of[victim]
+        assert UsageRecord.objects.filter(job_id=victim).count() == 1
+        event = JobEvent.objects.filter(job_id=victim, to_state=JobState.QUEUED).last()
+        assert event.data == {"preempted_by": owner, "attempt": 1}
+    assert job(singles[0]).state == JobState.ADMITTED  # its nominal share is never taken
+    # Only an attempt that was launched has a run to tear down.
+    assert ("jobs.tasks.teardown_job", [(borrowed[0],)]) in sent
+
+    # Until its run is confirmed gone, that device is not free: the owner waits for it, keeping its
+    # quota, and the victims (which would borrow) may not take the two free devices meanwhile; had
+    # they, the owner would reclaim them again, cycle after cycle, while the run went.
+    assert services.admit_queued_jobs() == []
+    assert job(owner).pending_reason == (
+        "waiting for devices being released (1 ascend-910b); its quota is kept for it meanwhile"
+    )
+    assert all(job(victim).state == JobState.QUEUED for victim in borrowed)
+    JobAttempt.objects.filter(job_id=borrowed[0], number=0).update(torn_down_at=timezone.now())
+    assert services.admit_queued_jobs() == [owner]
 
 
 def test_priority_preempts_borrowed_work_but_never_a_nominal_share(lab):

@@ -402,6 +402,22 @@ def test_cycles_settle_without_preempting_in_a_loop():
     assert looped == []
 
 
+def test_a_job_owed_its_share_that_waits_for_devices_being_released_keeps_its_quota():
+    # Tenant 1 (nominal 4) needs 4; 2 are free and 2 more are still occupied by runs being torn down
+    # (its victims, say). Tenant 2 (nominal 0) would borrow the 2 free ones, and be reclaimed next cycle.
+    tenants = [tenant(1, "c", h100=4), tenant(2, "c", h100=0)]
+    pending = [job(1, 1, 4, "h100"), job(2, 2, 2, "h100")]
+    going = devices("h100", "n-0", 2, start=2)
+    result = schedule(replace(snap(tenants, pending, free=devices("h100", "n-0", 2)), releasing=going))
+    assert result.admissions == ()
+    reasons = {w.job_id: w.reason for w in result.waiting}
+    assert reasons[1] == "waiting for devices being released (2 h100); its quota is kept for it meanwhile"
+    assert "cohort has 0 to lend" in reasons[2]
+    # Nothing being released: the borrower may have the free devices (tenant 1's job could not start anyway).
+    result = schedule(snap(tenants, pending, free=devices("h100", "n-0", 2)))
+    assert [a.job_id for a in result.admissions] == [2]
+
+
 def elastic(job_id: int, tenant_id: int, low: int, high: int, *flavors: str, priority: int = 0) -> PendingJob:
     return replace(job(job_id, tenant_id, high, *flavors, priority=priority), min_devices=low)
 
