@@ -240,6 +240,8 @@ class _Cycle:
         self.rooms: dict[tuple[int, str, int | None], _Rooms | None] = {}
         self.stamp: dict[int, int] = defaultdict(int)
         self.shares: dict[int, tuple[int, float]] = {}  # tenant -> (usage version, dominant share)
+        # tenant -> (usage version, room within nominal per resource), for _fits_nominal
+        self.nominal_rooms: dict[int, tuple[int, dict[str, int | None]]] = {}
         self.heap: list[tuple[int, float, int, float, int, int, int]] = []
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
@@ -280,9 +282,18 @@ class _Cycle:
         flavors = tuple(dict.fromkeys(job.flavors))
         if job.devices <= 0 or not flavors:
             return True  # decided (and refused, saying why) in the first pass
-        ledger, tenant_id = self.ledger, job.tenant_id
-        rooms = [ledger.nominal_room(tenant_id, flavor) for flavor in flavors]
-        nau_room = ledger.nominal_room(tenant_id, NAU)
+        tenant_id = job.tenant_id
+        version = self.tenant_version[tenant_id]
+        cached = self.nominal_rooms.get(tenant_id)
+        if cached is None or cached[0] != version:
+            cached = (version, {})
+            self.nominal_rooms[tenant_id] = cached
+        known = cached[1]
+        for resource in (*flavors, NAU):
+            if resource not in known:
+                known[resource] = self.ledger.nominal_room(tenant_id, resource)
+        rooms = [known[flavor] for flavor in flavors]
+        nau_room = known[NAU]
         count, rates = job.min_devices or job.devices, self._rates(job, flavors)
         return assign_flavors(count, flavors, rates, [count] * len(flavors), rooms, nau_room) is not None
 
