@@ -202,8 +202,12 @@ def test_a_standby_rank_whose_supervisor_is_killed_is_stopped(
         supervisor = _status(run_dir)["supervisor_pid"]
         os.kill(supervisor, signal.SIGKILL)
 
-        assert wait_for(lambda: not any(pid_alive(r["pid"]) for r in ranks), timeout_s=30)
+        alive = [r["pid"] for r in ranks]
+        assert wait_for(lambda: not [p for p in alive if pid_alive(p)], timeout_s=30), (
+            [p for p in alive if pid_alive(p)],
+            standby_module.pool_state(pool_dir),
+        )
     finally:
         backend.teardown({"backend": "local", "run_dir": str(backend.runs_dir / "orphan"), "job_id": "orphan"})
         backend.stop_standby()
-    assert wait_for(lambda: not processes_mentioning(str(pool_dir)), timeout_s=15)
+    assert wait_for(lambda: not processes_mentioning(str(pool_dir)), timeout_s=15), processes_mentioning(str(pool_dir))
