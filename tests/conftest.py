@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if tier in TIERS and item.get_closest_marker(tier) is None:
             item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_standby_ranks_in_process() -> None:
+    """Warm standby ranks (runtime/backends/local/standby.py) pay for torch's import once per runs folder
+    and save it on each restart after; a test's runs folder is its own, so in-process tests would each
+    pay and never save. They are off in this process: tests/runtime/test_standby.py tests the pool
+    itself, and the live stack (tests/stack.py) runs with them, as production does."""
+    from django.conf import settings
+
+    settings.POLYCHIP_LOCAL_STANDBY_RANKS = 0
+
+
+@pytest.fixture(autouse=True)
+def _no_standby_pool_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A standby pool a test started in its own folder is stopped with the test (it would idle on for
+    30 minutes, holding its memory)."""
+    yield
+    if "tmp_path" not in request.fixturenames:
+        return
+    from runtime.backends.local.standby import stop_pool
+
+    for pool_dir in Path(request.getfixturevalue("tmp_path")).glob("**/.standby"):
+        stop_pool(pool_dir)
 
 
 @pytest.fixture(autouse=True)

@@ -53,6 +53,7 @@ def stack_env(stack_var: Path, port: int) -> dict[str, str]:
         POLYCHIP_PUBLIC_URL=f"http://127.0.0.1:{port}",
         POLYCHIP_SWEEP_SECONDS="0.5",
         POLYCHIP_LOCAL_TELEMETRY_FILES="1",
+        POLYCHIP_LOCAL_STANDBY_RANKS="2",  # as in production (tests/conftest.py turns them off in-process)
     )
 
 
