@@ -69,12 +69,13 @@ def _no_standby_ranks_in_process() -> None:
 def _no_standby_pool_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
     """A standby pool a test started in its own folder is stopped with the test (it would idle on for
     30 minutes, holding its memory)."""
+    folder = Path(request.getfixturevalue("tmp_path")) if "tmp_path" in request.fixturenames else None
     yield
-    if "tmp_path" not in request.fixturenames:
+    if folder is None:
         return
     from runtime.backends.local.standby import stop_pool
 
-    for pool_dir in Path(request.getfixturevalue("tmp_path")).glob("**/.standby"):
+    for pool_dir in folder.glob("**/.standby"):
         stop_pool(pool_dir)
 
 
