@@ -34,7 +34,9 @@ def test_the_spec_schema_is_public_and_is_what_the_parser_checks(tenants):
     assert response.status_code == 200
     schema = response.json()
     Draft202012Validator.check_schema(schema)
-    assert schema["properties"]["devices"]["maximum"] == 64
+    count, elastic_range = schema["properties"]["devices"]["oneOf"]  # a count, or {min, max}
+    assert count["maximum"] == 64
+    assert elastic_range["properties"]["max"]["maximum"] == 64 and elastic_range["required"] == ["min", "max"]
     assert {"builtin", "python", "torchrun", "container"} == {
         option["properties"]["kind"]["const"] for option in schema["properties"]["workload"]["oneOf"]
     }
