@@ -329,20 +329,6 @@ class _Cycle:
         )
         return True
 
-    def _could_only_borrow(self, job: PendingJob) -> bool:
-        """Whether the job fits what is free now as a borrower, but not within its tenant's nominal quota."""
-        flavors = tuple(dict.fromkeys(job.flavors))
-        if job.devices <= 0 or not flavors:
-            return False
-        rates = self._rates(job, flavors)
-        now = self._rooms(job.tenant_id, NOW, None)
-        if now is None:
-            raise RuntimeError("_rooms gave no room for NOW, which always has one")
-        rooms, nau_room, free = now.vectors(flavors)
-        if assign_elastic(job, flavors, rates, free, rooms, nau_room) is None:
-            return False
-        return self._nominal_assignment(job, flavors, rates) is None
-
     def run(self) -> CycleResult:
         # Kueue's order: first every job that fits its tenant's nominal quota, then the jobs that
         # would borrow, each pass in fair-share order. So capacity a tenant is owed is never lent
@@ -375,16 +361,21 @@ class _Cycle:
                 continue  # stale: the tenant's usage or head changed since
             job = self.queues[tenant_id][self.cursor[tenant_id]]
             self.cursor[tenant_id] += 1
-            if would_borrow is not None and (not self._fits_nominal(job) or self._could_only_borrow(job)):
-                # Its tenant's usage only grows in this pass, so it would not fit nominal later either.
-                # A job that fits nominal on paper but, with what is free now, could only borrow goes
-                # with the borrowers too: admitted here, it would take room owed to a within-nominal job
-                # decided after it; that job would reclaim it, its victim would come back ahead of it in
-                # the next cycle's first pass, and the two would evict each other cycle after cycle.
+            # Its tenant's usage only grows in this pass, so a job that does not fit nominal now would not
+            # later either. A job that fits nominal on paper but, with what is free now, could only borrow
+            # (``_decide`` gives None) goes with the borrowers too: admitted here, it would take room owed
+            # to a within-nominal job decided after it; that job would reclaim it, its victim would come
+            # back ahead of it in the next cycle's first pass, and the two would evict each other cycle
+            # after cycle.
+            touched = None
+            if would_borrow is None or self._fits_nominal(job):
+                touched = self._decide(job, nominal_only=would_borrow is not None)
+            if touched is None:
+                if would_borrow is None:
+                    raise RuntimeError(f"job {job.job_id}: set aside in the pass that decides every job")
                 would_borrow[tenant_id].append(job)
                 self._push(tenant_id)
                 continue
-            touched = self._decide(job, nominal_only=would_borrow is not None)
             self._push(tenant_id)
             for other in sorted(touched - {tenant_id}):
                 self._push(other)
@@ -395,9 +386,10 @@ class _Cycle:
         rates = self.snapshot.nau_rates
         return [rates.get((job.job_class, flavor), MILLI) for flavor in flavors]
 
-    def _decide(self, job: PendingJob, *, nominal_only: bool = False) -> set[int]:
+    def _decide(self, job: PendingJob, *, nominal_only: bool = False) -> set[int] | None:
         """Admit the job (perhaps preempting) or record why it waits; the tenants whose usage fell.
-        ``nominal_only``: without victims, only within the tenant's nominal quota."""
+        ``nominal_only``: without victims, only within the tenant's nominal quota, and None (undecided)
+        when it could only borrow with what is free now."""
         tenant_id = job.tenant_id
         flavors = tuple(dict.fromkeys(job.flavors))
         if job.devices <= 0 or not flavors:
@@ -412,7 +404,10 @@ class _Cycle:
         rooms, nau_room, free = now.vectors(flavors)
         assignment = assign_elastic(job, flavors, rates, free, rooms, nau_room)
         if nominal_only:  # the first pass admits within nominal only, a mix if need be (see _pass)
+            could_borrow = assignment is not None
             assignment = self._nominal_assignment(job, flavors, rates)
+            if assignment is None and could_borrow:
+                return None
             if assignment is None and self._reserve(job, flavors, rates):
                 return set()
         victims: list[AdmittedJob] = []
