@@ -26,13 +26,12 @@ from django.utils import timezone
 from billing import services as billing
 from controlplane.monitoring import priority_band
 from jobs import dispatch, locks, transitions
-from jobs.metering import end_allocations_of, open_usage
+from jobs.metering import end_allocations_of, open_allocations, open_usage
 from jobs.models import (
     AdmissionLock,
     AdmissionRequest,
     AdmissionWait,
     Allocation,
-    Device,
     JobAttempt,
     JobState,
     TrainingJob,
@@ -160,20 +159,7 @@ def _admit_all(admissions: Iterable[Admission], now: datetime) -> tuple[list[int
             )
         )
     won, requeued = transitions.claim_many(moves, JobState.QUEUED, JobState.ADMITTED, now=now)
-    # Only the keys: a device row carries its hour of health readings, which an allocation needs none of.
-    device_pks = dict(
-        Device.objects.filter(device_id__in=[p.device_id for job in won for p in decided[job.pk].devices]).values_list(
-            "device_id", "pk"
-        )
-    )
-    Allocation.objects.bulk_create(
-        (
-            Allocation(job_id=job.pk, device_id=device_pks[p.device_id], rank=rank, started_at=now)
-            for job in won
-            for rank, p in enumerate(decided[job.pk].devices)
-        ),
-        batch_size=2000,
-    )
+    open_allocations({job.pk: [p.device_id for p in decided[job.pk].devices] for job in won}, now)
     dispatch.after_commit_each(dispatch.PROVISION, [(job.pk,) for job in won])
     return [job.pk for job in won], requeued
 

@@ -17,6 +17,13 @@ from controlplane.celery import app
 ADMIT = "jobs.tasks.admit_queued_jobs"
 PROVISION = "jobs.tasks.provision_job"
 TEARDOWN = "jobs.tasks.teardown_job"
+FAN_OUT = "jobs.tasks.fan_out"
+# The tasks a fan-out message may carry: per-job tasks that are safe to run twice.
+FANNED_OUT = frozenset({PROVISION, TEARDOWN})
+# At most this many tasks are sent one by one; more go as fan-out messages of this many each. A cycle
+# that admits 1,500 jobs then sends 15 messages, not 1,500 (0.3 ms each, a quarter of the whole cycle
+# at 10,000 queued jobs), and a worker sends the tasks, off the admission's critical path.
+FAN_OUT_CHUNK = 100
 
 
 def send(task_name: str, *args: Any) -> None:
@@ -25,10 +32,29 @@ def send(task_name: str, *args: Any) -> None:
 
 
 def send_each(task_name: str, args_list: list[tuple[Any, ...]]) -> None:
-    """Enqueue one task per args, through one producer (one broker connection for them all)."""
+    """Enqueue one task per args, through one producer (one broker connection for them all); beyond
+    ``FAN_OUT_CHUNK`` of them, one fan-out message per chunk, whose task sends them (``fan_out``)."""
     with app.producer_or_acquire() as producer:
-        for args in args_list:
-            app.send_task(task_name, args=args, producer=producer)
+        if len(args_list) <= FAN_OUT_CHUNK:
+            for args in args_list:
+                app.send_task(task_name, args=args, producer=producer)
+            return
+        if task_name not in FANNED_OUT:
+            raise ValueError(f"{task_name} cannot be fanned out; only {', '.join(sorted(FANNED_OUT))} can")
+        for start in range(0, len(args_list), FAN_OUT_CHUNK):
+            chunk = [list(args) for args in args_list[start : start + FAN_OUT_CHUNK]]
+            app.send_task(FAN_OUT, args=(task_name, chunk), producer=producer)
+
+
+def fan_out(task_name: str, args_list: list[list[Any]]) -> int:
+    """A worker's half of ``send_each``: send the chunk's tasks one by one. A message from the broker
+    names the task: only the per-job tasks of ``FANNED_OUT`` are sent, and never a further fan-out."""
+    if task_name not in FANNED_OUT:
+        raise ValueError(f"a fan-out message named {task_name!r}; only {', '.join(sorted(FANNED_OUT))} fan out")
+    if len(args_list) > FAN_OUT_CHUNK:
+        raise ValueError(f"a fan-out message carried {len(args_list)} tasks; at most {FAN_OUT_CHUNK} do")
+    send_each(task_name, [tuple(args) for args in args_list])
+    return len(args_list)
 
 
 def after_commit(task_name: str, *args: Any) -> None:

@@ -8,13 +8,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
+from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
 from billing import services as billing
 from billing.contracts import OpenUsage, UsageInterval
 from jobs.contracts import IdleUsage
-from jobs.models import Allocation, JobAttempt, TrainingJob
+from jobs.models import Allocation, Device, JobAttempt, TrainingJob
 from jobs.throughput import nau_rates
 from runtime.scheduling import NAU, FreeDevice
 from runtime.scheduling.model import MILLI
@@ -27,6 +28,44 @@ def charge(job_class: str, devices: Iterable[FreeDevice], rates: Mapping[tuple[s
         demand[device.flavor] += 1
         demand[NAU] += rates.get((job_class, device.flavor), MILLI)
     return dict(demand)
+
+
+def open_allocations(gangs: Mapping[int, Sequence[str]], started_at: datetime) -> int:
+    """Open an allocation of each job in ``gangs`` (job id -> its devices' names, rank order) on each of
+    its devices, from ``started_at``; returns how many. On PostgreSQL one INSERT ... SELECT over three
+    arrays (an admission cycle opens 9,000 at 10,000 queued jobs: building a model object for each, and
+    reading the devices' keys out first, cost more than the insert). The open-allocation unique indexes
+    are the guard against double-booking either way."""
+    rows = [(job_id, name, rank) for job_id, names in gangs.items() for rank, name in enumerate(names)]
+    if not rows:
+        return 0
+    if connection.vendor == "postgresql":
+        allocation = connection.ops.quote_name(Allocation._meta.db_table)
+        device = connection.ops.quote_name(Device._meta.db_table)
+        with connection.cursor() as cursor:
+            # Only the quoted table names are spliced into the statement; every value goes as a parameter.
+            cursor.execute(
+                f"INSERT INTO {allocation} (job_id, device_id, rank, started_at) "  # noqa: S608
+                f"SELECT v.job_id, d.id, v.rank, %s FROM unnest(%s::bigint[], %s::text[], %s::int[]) "
+                f"AS v(job_id, name, rank) JOIN {device} d ON d.device_id = v.name",
+                [started_at, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+            )
+            opened = cursor.rowcount
+    else:
+        keys = dict(Device.objects.filter(device_id__in={r[1] for r in rows}).values_list("device_id", "pk"))
+        opened = len(
+            Allocation.objects.bulk_create(
+                (
+                    Allocation(job_id=job_id, device_id=keys[name], rank=rank, started_at=started_at)
+                    for job_id, name, rank in rows
+                    if name in keys
+                ),
+                batch_size=2000,
+            )
+        )
+    if opened != len(rows):  # a device that left the pool mid-cycle: undo the cycle rather than part of it
+        raise RuntimeError(f"opened {opened} of {len(rows)} allocations: a device is no longer in the pool")
+    return opened
 
 
 def end_allocations(job: TrainingJob, ended_at: datetime, *, credit_reason: str = "") -> int:

@@ -45,7 +45,7 @@ from django.utils import timezone
 from jobs import dispatch, locks, throughput, transitions
 from jobs.backends import get_backend
 from jobs.finishing import finish_job
-from jobs.metering import charge, end_allocations
+from jobs.metering import charge, end_allocations, open_allocations
 from jobs.models import Allocation, Device, DeviceHealth, JobAttempt, JobEvent, JobState, TrainingJob
 from jobs.pool import SCHEDULABLE, as_free_device, free_devices, pool_fabric, set_device_health
 from jobs.snapshot import holding_jobs, pending_jobs, tenant_quotas
@@ -451,10 +451,7 @@ def _reallocate(job: TrainingJob, previous: tuple[FreeDevice, ...], failed: froz
     )
     if admitted is None:
         return None
-    by_id = {d.device_id: d for d in Device.objects.filter(device_id__in=[d.device_id for d in plan.devices])}
-    Allocation.objects.bulk_create(
-        Allocation(job=job, device=by_id[d.device_id], rank=rank, started_at=now) for rank, d in enumerate(plan.devices)
-    )
+    open_allocations({job.pk: [d.device_id for d in plan.devices]}, now)
     dispatch.after_commit(dispatch.PROVISION, job.pk)
     return plan
 

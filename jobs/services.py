@@ -33,6 +33,7 @@ from jobs.bundles import list_bundles as list_bundles
 from jobs.bundles import max_bytes as bundle_max_bytes
 from jobs.bundles import store_bundle as store_bundle
 from jobs.contracts import JobAdvice, JobView
+from jobs.dispatch import fan_out as fan_out
 from jobs.errors import InvalidTransition as InvalidTransition
 from jobs.errors import JobNotFound as JobNotFound
 from jobs.errors import TelemetryRejected as TelemetryRejected
@@ -138,6 +139,7 @@ __all__ = [
     "drain_device",
     "drain_node",
     "dry_run_submit",
+    "fan_out",
     "finish_job",
     "follow_logs",
     "get_bundle",

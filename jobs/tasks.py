@@ -35,6 +35,12 @@ def teardown_job(job_id: int) -> None:
     services.teardown_job(job_id)
 
 
+# A cycle that admits many jobs sends their provisioning in chunks; this sends each job's task.
+@shared_task(name="jobs.tasks.fan_out", ignore_result=True, **RETRY)
+def fan_out(task_name: str, args_list: list[list[object]]) -> int:
+    return services.fan_out(task_name, args_list)
+
+
 # Beat reads the cluster's nodes every half minute (nothing to do on the local backend).
 @shared_task(name="jobs.tasks.sync_cluster_inventory", ignore_result=True)
 def sync_cluster_inventory() -> dict[str, int] | None:

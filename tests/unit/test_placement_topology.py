@@ -86,6 +86,30 @@ def test_free_pool_with_a_distance_chooses_by_topology_and_keeps_count():
     assert pool.count(F) == 4
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_free_pool_takes_what_choose_devices_chooses_gang_after_gang(seed):
+    # The pool reads a gang that fits one node off its order; choose_devices looks at every node.
+    rng = random.Random(seed)
+    nodes = [(f"n{i:02d}", f"r{i % 3}") for i in range(18)]
+    fabric = rack_fat_tree(nodes)
+    free = [
+        FreeDevice(f"{node}/{i}", node, rng.choice([F, G]), degraded=seed % 3 == 0 and rng.random() < 0.1)
+        for node, _ in nodes
+        for i in range(rng.randint(0, 8))
+    ]
+    pool = FreePool(free, distance=fabric.hops)
+    left = list(free)
+    for _ in range(40):
+        counts = {F: rng.choice([0, 1, 2, 3, 4, 8, 12]), G: rng.choice([0, 0, 0, 1, 2, 5])}
+        if not any(counts.values()) or any(k > pool.count(f) for f, k in counts.items()):
+            continue
+        expected = choose_devices(left, counts, fabric.hops)
+        assert pool.take_many(counts) == expected
+        taken = {d.device_id for d in expected}
+        left = [d for d in left if d.device_id not in taken]
+    assert sum(pool.count(f) for f in (F, G)) == len(left)
+
+
 def test_free_pool_without_a_distance_is_unchanged():
     rng = random.Random(3)
     free = [
