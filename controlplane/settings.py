@@ -339,6 +339,10 @@ _SWEEP = {"schedule": POLYCHIP_SWEEP_SECONDS, "options": {"expires": POLYCHIP_SW
 # The usage outbox is posted to the ledger every few seconds; budgets are checked twice a minute
 # (admission also checks a tenant's hard budget before it admits anything of it).
 POLYCHIP_RELAY_SECONDS = float(os.environ.get("POLYCHIP_RELAY_SECONDS", "5"))
+# Every this many seconds the elastic round chooses each running elastic job's device count again
+# (jobs.resizing): a resize is made only when it gains more over the round than the measured move
+# costs. 0 turns it off (elastic jobs then keep the count they started on, growing back after a loss).
+POLYCHIP_ELASTIC_ROUND_S = float(os.environ.get("POLYCHIP_ELASTIC_ROUND_S", "300"))
 CELERY_BEAT_SCHEDULE = {
     "admit-queued-jobs": {"task": "jobs.tasks.admit_queued_jobs", **_SWEEP},
     "observe-running-jobs": {"task": "jobs.tasks.observe_running_jobs", **_SWEEP},
@@ -353,6 +357,17 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 30.0,
         "options": {"expires": 30.0},
     },
+    **(
+        {
+            "elastic-round": {
+                "task": "jobs.tasks.elastic_round",
+                "schedule": POLYCHIP_ELASTIC_ROUND_S,
+                "options": {"expires": POLYCHIP_ELASTIC_ROUND_S},
+            }
+        }
+        if POLYCHIP_ELASTIC_ROUND_S > 0
+        else {}
+    ),
     "invoice-cycle": {"task": "billing.tasks.invoice_cycle", "schedule": 3600.0, "options": {"expires": 3600.0}},
     "purge-idempotency-keys": {
         "task": "tenants.tasks.purge_idempotency_keys",

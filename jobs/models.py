@@ -221,6 +221,9 @@ class JobAttempt(models.Model):
     # A request to checkpoint and stop so that the job can move (a drain, growing back, a predicted
     # failure), and when a run being replaced (a preemption) was asked to stop before its teardown.
     stop_requested = models.CharField(max_length=300, blank=True)
+    # The device count that stop asked the next attempt to run on (an elastic resize); null: as many
+    # as its spec and its tenant's quota allow, as after any other move.
+    resize_to = models.PositiveIntegerField(null=True, blank=True)
     stop_asked_at = models.DateTimeField(null=True, blank=True)
     # Set once the backend confirmed that nothing of the run is left; until then the sweep keeps
     # asking it to tear down (a lost teardown message must not leave work running).

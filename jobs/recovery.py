@@ -279,7 +279,7 @@ def handle_stop(job_id: int, attempt: int) -> str:
         reason = (run.stop_requested if run else "") or "stopped on request"
         frozen = _freeze(job, previous, torn_down=torn_down, message=f"checkpointed and stopped: {reason}")
         if frozen is not None:
-            _reallocate(frozen, previous, frozenset())
+            _reallocate(frozen, previous, frozenset(), resize_to=run.resize_to if run else None)
     return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
 
 
@@ -358,7 +358,7 @@ def _freeze(
     return frozen
 
 
-def _quota_ledger(
+def quota_ledger(
     job_classes: set[str], *, without: int | None = None
 ) -> tuple[QuotaLedger, dict[tuple[str, str], int]]:
     """Every tenant's quota and what the jobs holding devices (but ``without``) use of it now, as admission
@@ -389,18 +389,22 @@ def _within_quota(
     return out
 
 
-def _reallocate(job: TrainingJob, previous: tuple[FreeDevice, ...], failed: frozenset[str]) -> RestartPlan | None:
+def _reallocate(
+    job: TrainingJob, previous: tuple[FreeDevice, ...], failed: frozenset[str], *, resize_to: int | None = None
+) -> RestartPlan | None:
     """Give a RECOVERING job its next devices and launch it; or leave it waiting, with the reason.
+    ``resize_to``: the count an elastic resize asked for, the most it is given (within its range).
 
     Runs in the caller's transaction, under the admission lock."""
     spec = job.job_spec
     min_devices = spec.min_devices or spec.devices
-    ledger, rates = _quota_ledger({job.job_class})
+    devices = spec.devices if resize_to is None else max(min_devices, min(spec.devices, resize_to))
+    ledger, rates = quota_ledger({job.job_class})
     pool_free = free_devices()
     free = _within_quota(pool_free, previous, spec.flavors, lambda f: ledger.headroom(job.tenant_id, f))
     plan = plan_restart(
         RestartRequest(
-            devices=spec.devices, min_devices=min_devices, flavors=spec.flavors, previous=previous, failed=failed
+            devices=devices, min_devices=min_devices, flavors=spec.flavors, previous=previous, failed=failed
         ),
         free,
         distance=pool_fabric().hops,
@@ -502,15 +506,18 @@ def retry_recovering(job_id: int) -> bool:
         ids = list(run.previous_devices) if run is not None else []
         devices = {d.device_id: d for d in Device.objects.filter(device_id__in=ids).select_related("node", "flavor")}
         previous = tuple(as_free_device(devices[i]) for i in ids if i in devices)
-        return _reallocate(job, previous, frozenset()) is not None
+        # A resize's count holds until the job has its devices (the attempt that stopped asked for it).
+        asked = JobAttempt.objects.filter(job_id=job_id, number=job.attempt - 1).values_list("resize_to", flat=True)
+        return _reallocate(job, previous, frozenset(), resize_to=asked.first()) is not None
 
 
 # --- moving healthy jobs ------------------------------------------------------------------------
 
 
-def request_move(job_id: int, reason: str) -> bool:
+def request_move(job_id: int, reason: str, *, resize_to: int | None = None) -> bool:
     """Ask a running job to checkpoint and stop so that it can move (a drain, growing back, a
-    predicted failure). False when it is not running or already asked."""
+    predicted failure, an elastic resize to ``resize_to`` devices). False when it is not running or
+    already asked."""
     with transaction.atomic():
         job = locks.job(job_id)
         if job is None or job.state != JobState.RUNNING:
@@ -519,12 +526,13 @@ def request_move(job_id: int, reason: str) -> bool:
         if run is None or run.stop_requested or not run.backend_handle:
             return False
         run.stop_requested = reason[:300]
-        run.save(update_fields=["stop_requested"])
+        run.resize_to = resize_to
+        run.save(update_fields=["stop_requested", "resize_to"])
         transitions.record_event(
             job,
             kind=JobEvent.Kind.RECOVERY,
             message=f"asked to checkpoint and move: {reason}",
-            data={"stop_requested": reason[:300]},
+            data={"stop_requested": reason[:300], **({"resize_to": resize_to} if resize_to else {})},
         )
         handle = run.backend_handle
         transaction.on_commit(lambda: get_backend().request_stop(handle, reason), robust=True)
@@ -599,7 +607,7 @@ def grow_back(job_id: int) -> bool:
     flavors = job.job_spec.flavors
     usable = [d for d in pool_free if d.flavor in flavors]
     # The move releases what it holds: its next attempt may take that and what the quota has room for.
-    ledger, _ = _quota_ledger({job.job_class}, without=job.pk)
+    ledger, _ = quota_ledger({job.job_class}, without=job.pk)
     total = len(_within_quota([*held, *usable], held, flavors, lambda f: ledger.headroom(job.tenant_id, f)))
     target = grow_target(current, job.job_spec.devices, total - current)
     if target is None:

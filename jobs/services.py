@@ -4,7 +4,7 @@ Nothing is implemented here. The layers below, each importing only those beneath
 ``jobs/README.md``; ``make lint`` enforces the order):
 
     models, errors -> contracts -> bundles -> locks -> transitions -> dispatch -> runs -> artifacts | metrics
-    -> pool -> throughput -> metering -> finishing -> snapshot -> admission -> recovery -> health
+    -> pool -> throughput -> metering -> finishing -> snapshot -> admission -> recovery -> resizing -> health
     -> ingest -> lifecycle -> queries | logs -> outlook | advice -> services
 
 Every state change is a claim through the transition table (``jobs.transitions``), locks are taken
@@ -98,6 +98,8 @@ from jobs.recovery import recovering_job_ids as recovering_job_ids
 from jobs.recovery import request_move as request_move
 from jobs.recovery import retry_recovering as retry_recovering
 from jobs.recovery import shrunk_job_ids as shrunk_job_ids
+from jobs.resizing import Resize as Resize
+from jobs.resizing import elastic_round as elastic_round
 from jobs.runs import ingest_token as ingest_token
 from jobs.runs import run_key as run_key
 from jobs.throughput import list_entries as list_throughput_entries
@@ -121,6 +123,7 @@ __all__ = [
     "JobFilter",
     "JobNotFound",
     "ReportedPoint",
+    "Resize",
     "TelemetryRejected",
     "UnknownDevices",
     "admit_queued_jobs",
@@ -139,6 +142,7 @@ __all__ = [
     "drain_device",
     "drain_node",
     "dry_run_submit",
+    "elastic_round",
     "fan_out",
     "finish_job",
     "follow_logs",

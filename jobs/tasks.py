@@ -41,6 +41,12 @@ def fan_out(task_name: str, args_list: list[list[object]]) -> int:
     return services.fan_out(task_name, args_list)
 
 
+# Beat starts a round every POLYCHIP_ELASTIC_ROUND_S; a round that failed is superseded by the next.
+@shared_task(name="jobs.tasks.elastic_round", ignore_result=True)
+def elastic_round() -> int:
+    return len(services.elastic_round())
+
+
 # Beat reads the cluster's nodes every half minute (nothing to do on the local backend).
 @shared_task(name="jobs.tasks.sync_cluster_inventory", ignore_result=True)
 def sync_cluster_inventory() -> dict[str, int] | None:
