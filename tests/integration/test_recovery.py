@@ -259,3 +259,32 @@ def test_a_device_predicted_to_fail_is_drained_after_its_job_checkpoints(api_for
     assert job.restarts == 0  # moved after a checkpoint, before the device died: no failure to recover from
     assert device.pk not in set(job.allocations.filter(ended_at__isnull=True).values_list("device_id", flat=True))
     api.post(f"/api/v1/jobs/{job_id}/cancel")
+
+
+@pytest.mark.timeout(600)
+def test_the_elastic_round_shrinks_a_running_job_for_a_queued_one_and_both_finish(api_for, tenants, pool):
+    acme, globex = api_for(tenants[0].token), api_for(tenants[1].token)
+    spec = {
+        "name": "it-elastic",
+        "devices": {"min": 1, "max": 2},
+        "flavors": ["h100-sxm"],  # the pool has two: it starts on both
+        "workload": {"steps": 300, "global_batch": 64, "seed": 3},
+        "checkpoint": {"weights_every": 10, "optimizer_every": 20},
+    }
+    job_id = acme.post("/api/v1/jobs", spec).json()["id"]
+    run_dir = _run_dir(job_id)
+    wait_until(lambda: _last_step(run_dir) >= 10, what="steps on two devices")
+    short = {"name": "it-short", "devices": 1, "flavors": ["h100-sxm"], "workload": {"steps": 20, "seed": 1}}
+    queued = globex.post("/api/v1/jobs", short).json()["id"]
+    wait_until(lambda: TrainingJob.objects.get(pk=queued).pending_reason != "", what="the short job waiting")
+
+    # What beat runs every POLYCHIP_ELASTIC_ROUND_S, run now.
+    assert [(r.job_id, r.current, r.target) for r in services.elastic_round()] == [(job_id, 2, 1)]
+
+    assert globex.wait_for(queued, FINAL, timeout_s=240)["state"] == "succeeded"
+    job = acme.wait_for(job_id, FINAL, timeout_s=300)
+    assert job["state"] == "succeeded", (job["failure_reason"], _messages(job_id))
+    assert job["restarts"] == 0  # a resize is a planned move, not a restart
+    messages = _messages(job_id)
+    assert any(m.startswith("asked to checkpoint and move: elastic round: shrinking from 2 to 1") for m in messages)
+    assert any(m.startswith("restored step") and "on 1 rank(s) (saved on 2)" in m for m in messages), messages
