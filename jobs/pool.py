@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
 
 from jobs import locks
 from jobs.errors import UnknownDevices
@@ -227,22 +227,35 @@ def scheduler_devices(devices: QuerySet[Device]) -> list[FreeDevice]:
     ]
 
 
+def free_and_releasing_devices() -> tuple[list[FreeDevice], list[FreeDevice]]:
+    """(free, releasing) among the schedulable devices that no open allocation holds, in one query (an
+    admission cycle needs both): free when nothing runs on it; releasing while a run the backend has not
+    confirmed gone (an ended or preempted attempt's) still occupies it, which ``free`` leaves out until
+    its teardown is confirmed."""
+    held = Allocation.objects.filter(ended_at__isnull=True).values("device_id")
+    untorn_jobs = JobAttempt.objects.filter(untorn_attempts()).values("job_id")
+    lingering = Allocation.objects.filter(job__in=untorn_jobs, device_id=OuterRef("pk"))
+    rows = (
+        Device.objects.filter(health__in=SCHEDULABLE)
+        .exclude(pk__in=held)
+        .annotate(lingering=Exists(lingering))
+        .order_by("device_id")
+        .values_list("device_id", "node__name", "flavor__name", "health", "lingering")
+    )
+    free: list[FreeDevice] = []
+    releasing: list[FreeDevice] = []
+    for device_id, node, flavor, health, still_occupied in rows:
+        device = FreeDevice(device_id=device_id, node=node, flavor=flavor, degraded=health == DeviceHealth.DEGRADED)
+        (releasing if still_occupied else free).append(device)
+    return free, releasing
+
+
 def releasing_devices() -> list[FreeDevice]:
     """Schedulable devices that no open allocation holds but a run not yet confirmed gone still
     occupies: the devices ``free_devices`` leaves out until their teardown is confirmed."""
-    held = Allocation.objects.filter(ended_at__isnull=True).values("device_id")
-    untorn_jobs = JobAttempt.objects.filter(untorn_attempts()).values("job_id")
-    lingering = Allocation.objects.filter(job__in=untorn_jobs).values("device_id")
-    return scheduler_devices(Device.objects.filter(health__in=SCHEDULABLE, pk__in=lingering).exclude(pk__in=held))
+    return free_and_releasing_devices()[1]
 
 
 def free_devices() -> list[FreeDevice]:
     """Schedulable devices that no open allocation holds and no lingering run still occupies."""
-    held = Allocation.objects.filter(ended_at__isnull=True).values("device_id")
-    # A device is free only once nothing runs on it: the runs of ended or preempted attempts that
-    # the backend has not yet confirmed gone still occupy theirs.
-    untorn_jobs = JobAttempt.objects.filter(untorn_attempts()).values("job_id")
-    lingering = Allocation.objects.filter(job__in=untorn_jobs).values("device_id")
-    return scheduler_devices(
-        Device.objects.filter(health__in=SCHEDULABLE).exclude(pk__in=held).exclude(pk__in=lingering)
-    )
+    return free_and_releasing_devices()[0]

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from jobs.metering import charge
 from jobs.models import Allocation, JobState, TrainingJob
-from jobs.pool import free_devices, pool_fabric, releasing_devices
+from jobs.pool import free_and_releasing_devices, pool_fabric
 from jobs.throughput import throughput_matrix
 from runtime.scheduling import (
     NAU,
@@ -57,7 +57,8 @@ def tenant_quotas() -> dict[int, TenantQuota]:
     return quotas
 
 
-def holding_jobs(rates: Mapping[tuple[str, str], int]) -> list[AdmittedJob]:
+def _holding_rows() -> tuple[dict[int, list[FreeDevice]], list[TrainingJob]]:
+    """The jobs that hold devices now, with their devices in rank order."""
     by_job: dict[int, list[FreeDevice]] = defaultdict(list)
     open_allocations = (
         Allocation.objects.filter(ended_at__isnull=True, job__state__in=HOLDING_STATES)
@@ -69,6 +70,12 @@ def holding_jobs(rates: Mapping[tuple[str, str], int]) -> list[AdmittedJob]:
     jobs = TrainingJob.objects.filter(pk__in=by_job).only(
         "pk", "tenant_id", "priority", "admitted_at", "demand", "borrowing", "job_class"
     )
+    return by_job, list(jobs)
+
+
+def _admitted(
+    by_job: Mapping[int, list[FreeDevice]], jobs: list[TrainingJob], rates: Mapping[tuple[str, str], int]
+) -> list[AdmittedJob]:
     return [
         AdmittedJob(
             job_id=job.pk,
@@ -82,6 +89,11 @@ def holding_jobs(rates: Mapping[tuple[str, str], int]) -> list[AdmittedJob]:
         )
         for job in jobs
     ]
+
+
+def holding_jobs(rates: Mapping[tuple[str, str], int]) -> list[AdmittedJob]:
+    """The jobs that hold devices now (admitted or running), as the scheduler sees them."""
+    return _admitted(*_holding_rows(), rates)
 
 
 def pending_jobs() -> list[PendingJob]:
@@ -179,17 +191,17 @@ def usage_history(now: datetime, rates: Mapping[tuple[str, str], int]) -> dict[i
 def load_snapshot(now: datetime) -> Snapshot:
     matrix = throughput_matrix()
     pending = pending_jobs()
-    classes = {job.job_class for job in pending} | set(
-        TrainingJob.objects.filter(state__in=HOLDING_STATES).values_list("job_class", flat=True).distinct()
-    )
+    by_job, holding = _holding_rows()
+    classes = {job.job_class for job in pending} | {job.job_class for job in holding}
     rates = matrix.rates(classes | {"synthetic-mlp"})
+    free, releasing = free_and_releasing_devices()
     return Snapshot(
         now=now.timestamp(),
         tenants=tenant_quotas(),
         pending=pending,
-        admitted=holding_jobs(rates),
-        free=free_devices(),
-        releasing=releasing_devices(),
+        admitted=_admitted(by_job, holding, rates),
+        free=free,
+        releasing=releasing,
         nau_rates=rates,
         history=usage_history(now, rates),
         distance=pool_fabric().hops,  # devices chosen by topology: fewest hops
