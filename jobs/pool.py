@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
+from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q, QuerySet
 
 from jobs import locks
 from jobs.errors import UnknownDevices
@@ -234,11 +234,12 @@ def free_and_releasing_devices() -> tuple[list[FreeDevice], list[FreeDevice]]:
     its teardown is confirmed."""
     held = Allocation.objects.filter(ended_at__isnull=True).values("device_id")
     untorn_jobs = JobAttempt.objects.filter(untorn_attempts()).values("job_id")
-    lingering = Allocation.objects.filter(job__in=untorn_jobs, device_id=OuterRef("pk"))
+    # A set read once (a hashed subplan), not an EXISTS per device over its whole allocation history.
+    lingering = Allocation.objects.filter(job__in=untorn_jobs).values("device_id")
     rows = (
         Device.objects.filter(health__in=SCHEDULABLE)
         .exclude(pk__in=held)
-        .annotate(lingering=Exists(lingering))
+        .annotate(lingering=ExpressionWrapper(Q(pk__in=lingering), output_field=BooleanField()))
         .order_by("device_id")
         .values_list("device_id", "node__name", "flavor__name", "health", "lingering")
     )

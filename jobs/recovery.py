@@ -279,7 +279,7 @@ def handle_stop(job_id: int, attempt: int) -> str:
         reason = (run.stop_requested if run else "") or "stopped on request"
         frozen = _freeze(job, previous, torn_down=torn_down, message=f"checkpointed and stopped: {reason}")
         if frozen is not None:
-            _reallocate(frozen, previous, frozenset(), resize_to=run.resize_to if run else None)
+            _reallocate(frozen, previous, frozenset())
     return TrainingJob.objects.values_list("state", flat=True).get(pk=job_id)
 
 
@@ -389,15 +389,17 @@ def _within_quota(
     return out
 
 
-def _reallocate(
-    job: TrainingJob, previous: tuple[FreeDevice, ...], failed: frozenset[str], *, resize_to: int | None = None
-) -> RestartPlan | None:
+def _reallocate(job: TrainingJob, previous: tuple[FreeDevice, ...], failed: frozenset[str]) -> RestartPlan | None:
     """Give a RECOVERING job its next devices and launch it; or leave it waiting, with the reason.
-    ``resize_to``: the count an elastic resize asked for, the most it is given (within its range).
+    The count that the attempt before asked for when it was asked to move (an elastic resize,
+    ``request_move(resize_to=)``) is the most it is given, within its range, however that attempt ended
+    and however often the placement is tried again.
 
     Runs in the caller's transaction, under the admission lock."""
     spec = job.job_spec
     min_devices = spec.min_devices or spec.devices
+    asked = JobAttempt.objects.filter(job_id=job.pk, number=job.attempt - 1).values_list("resize_to", flat=True)
+    resize_to = asked.first()
     devices = spec.devices if resize_to is None else max(min_devices, min(spec.devices, resize_to))
     ledger, rates = quota_ledger({job.job_class})
     pool_free = free_devices()
@@ -506,9 +508,7 @@ def retry_recovering(job_id: int) -> bool:
         ids = list(run.previous_devices) if run is not None else []
         devices = {d.device_id: d for d in Device.objects.filter(device_id__in=ids).select_related("node", "flavor")}
         previous = tuple(as_free_device(devices[i]) for i in ids if i in devices)
-        # A resize's count holds until the job has its devices (the attempt that stopped asked for it).
-        asked = JobAttempt.objects.filter(job_id=job_id, number=job.attempt - 1).values_list("resize_to", flat=True)
-        return _reallocate(job, previous, frozenset(), resize_to=asked.first()) is not None
+        return _reallocate(job, previous, frozenset()) is not None
 
 
 # --- moving healthy jobs ------------------------------------------------------------------------
@@ -541,7 +541,8 @@ def request_move(job_id: int, reason: str, *, resize_to: int | None = None) -> b
 
 def shrunk_job_ids() -> list[int]:
     """Running jobs on fewer devices than they asked for (after a recovery that shrank them), and
-    not already asked to move."""
+    not already asked to move. While the elastic round runs, elastic jobs are its to resize
+    (``jobs.resizing``): growing one back every sweep would undo the round's shrinks."""
     held = Count("allocations", filter=Q(allocations__ended_at__isnull=True), distinct=True)
     moving = (
         JobAttempt.objects.filter(job__state=JobState.RUNNING, number=F("job__attempt"))
@@ -549,7 +550,12 @@ def shrunk_job_ids() -> list[int]:
         .values("job_id")
     )
     running = TrainingJob.objects.filter(state=JobState.RUNNING).exclude(pk__in=moving).annotate(held=held)
-    return [job.pk for job in running.only("pk", "spec") if job.held < job.job_spec.devices]
+    rounds = settings.POLYCHIP_ELASTIC_ROUND_S > 0
+    return [
+        job.pk
+        for job in running.only("pk", "spec")
+        if job.held < job.job_spec.devices and not (rounds and job.job_spec.elastic)
+    ]
 
 
 def move_cost_s(job_class: str) -> float:
@@ -597,7 +603,7 @@ def grow_back(job_id: int) -> bool:
         return False
     pool_free = [d for d in free_devices() if not d.degraded]
     by_flavor = Counter(d.flavor for d in pool_free)
-    if any(sum(by_flavor[f] for f in set(p.flavors)) >= p.devices for p in pending_jobs()):
+    if any(sum(by_flavor[f] for f in set(p.flavors)) >= (p.min_devices or p.devices) for p in pending_jobs()):
         return False  # a queued job could start on what is free: it goes first, not this job's growth
     held = [
         as_free_device(a.device)

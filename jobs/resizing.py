@@ -202,12 +202,16 @@ def _resizes(
         config = chosen.get(job_id)
         target = max(low, min(spec.devices, config.devices if config is not None else low))
         if target < current:
-            whom = f"queued job {', '.join(map(str, served[:3]))}" if served else "jobs that gain more from them"
-            reason = (
-                f"elastic round: shrinking from {current} to {target} devices; the {current - target} it frees "
-                f"serve {whom} better this round (a move costs {cost_s:.0f} s)"
-            )
-            out.append(Resize(job_id, current, target, reason))
+            # Only for the queue: this round's grows take devices free now, never those a shrink frees
+            # (they are free only once the job has moved), so a shrink that served no queued job would
+            # leave its devices idle.
+            if served:
+                reason = (
+                    f"elastic round: shrinking from {current} to {target} devices; the {current - target} it "
+                    f"frees serve queued job {', '.join(map(str, served[:3]))} better this round (a move costs "
+                    f"{cost_s:.0f} s)"
+                )
+                out.append(Resize(job_id, current, target, reason))
             continue
         tenant_id, grown = r.job.tenant_id, current
         for flavor in spec.flavors:

@@ -157,7 +157,19 @@ def test_the_reallocation_keeps_a_resize_within_the_jobs_range(pool, tenants, se
     acme = tenants[0]
     _only_device_quota(acme, 4)
     job = _running(acme, devices=4, min_devices=2, held=0)
-    TrainingJob.objects.filter(pk=job.pk).update(state=JobState.RECOVERING)
+    JobAttempt.objects.filter(job=job, number=0).update(resize_to=1, stop_requested="elastic round")
+    TrainingJob.objects.filter(pk=job.pk).update(state=JobState.RECOVERING, attempt=1)
+    JobAttempt.objects.create(job=job, number=1)
     with transaction.atomic():
-        plan = recovery._reallocate(TrainingJob.objects.get(pk=job.pk), (), frozenset(), resize_to=1)
+        plan = recovery._reallocate(TrainingJob.objects.get(pk=job.pk), (), frozenset())
     assert plan is not None and len(plan.devices) == 2  # its minimum, not the 1 asked
+
+
+def test_the_sweep_leaves_a_shrunk_elastic_job_to_the_round_and_grows_back_only_others(pool, tenants, settings):
+    # Growing back every sweep would undo the round's shrink before the queued job it served could start.
+    acme = tenants[0]
+    _only_device_quota(acme, 4)
+    elastic = _running(acme, devices=4, min_devices=1, held=1)
+    assert recovery.shrunk_job_ids() == []
+    settings.POLYCHIP_ELASTIC_ROUND_S = 0  # no round: growing back is the sweep's again
+    assert recovery.shrunk_job_ids() == [elastic.pk]
