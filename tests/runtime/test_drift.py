@@ -77,9 +77,16 @@ def test_the_split_follows_a_rank_that_slows_down(tmp_path: Path) -> None:
             assert samples >= 1
             assert ranks[rank][step]["samples"] == samples, (step + 1, rank)
 
-    # The step where rank 2's own speed first shows the halving (the speed file is re-read every 0.5 s).
+    # The step from which rank 2's own speed shows the halving (the speed file is re-read every 0.5 s):
+    # the first of three slow steps in a row, as the balancer's patience asks, so that one step slowed by
+    # the shared host before the change does not start the clock early.
     before = statistics.median(e["samples_per_s"] for e in ranks[2][10:SLOW_AFTER_STEP])
-    slowed = next(e["step"] for e in ranks[2][SLOW_AFTER_STEP - 5 :] if e["samples_per_s"] < 0.75 * before)
+    after = ranks[2][SLOW_AFTER_STEP - 5 :]
+    slowed = next(
+        e["step"]
+        for i, e in enumerate(after)
+        if all(later["samples_per_s"] < 0.75 * before for later in after[i : i + 3])
+    )
     share_before = sum(chunk[2] for chunk in splits[slowed - 2])
     adapted = next(
         (i + 1 for i in range(slowed - 1, STEPS) if sum(chunk[2] for chunk in splits[i]) < share_before), None
