@@ -8,6 +8,31 @@ import redis
 from tests.stack import api_for, stack, stack_var  # noqa: F401  (fixtures shared with the e2e tier)
 
 
+@pytest.fixture
+def sent(monkeypatch) -> list[tuple]:
+    """Tasks that the jobs app would enqueue once its transaction commits, recorded instead of sent."""
+    from jobs import dispatch
+
+    tasks: list[tuple] = []
+    monkeypatch.setattr(dispatch, "after_commit", lambda name, *args: tasks.append((name, *args)))
+    return tasks
+
+
+@pytest.fixture
+def stops(monkeypatch) -> list[tuple[dict, str]]:
+    """Runs that recovery asks to checkpoint and stop, as (backend handle, reason): no rank runs."""
+    from jobs import recovery
+
+    asked: list[tuple[dict, str]] = []
+
+    class Backend:
+        def request_stop(self, handle: dict, reason: str) -> None:
+            asked.append((handle, reason))
+
+    monkeypatch.setattr(recovery, "get_backend", lambda: Backend())
+    return asked
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _require_services() -> None:
     from django.conf import settings

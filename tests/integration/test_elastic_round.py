@@ -20,25 +20,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 NPU = "ascend-910b"  # the test pool has four, on one node
 
 
-@pytest.fixture
-def stops(monkeypatch) -> list[tuple[dict, str]]:
-    asked: list[tuple[dict, str]] = []
-
-    class Backend:
-        def request_stop(self, handle: dict, reason: str) -> None:
-            asked.append((handle, reason))
-
-    monkeypatch.setattr(recovery, "get_backend", lambda: Backend())
-    return asked
-
-
-@pytest.fixture
-def sent(monkeypatch) -> list[tuple]:
-    tasks: list[tuple] = []
-    monkeypatch.setattr(dispatch, "after_commit", lambda name, *args: tasks.append((name, *args)))
-    return tasks
-
-
 def _only_device_quota(tenant, nominal: int) -> None:
     Quota.objects.filter(tenant_id=tenant.id, resource=NAU_RESOURCE).delete()
     quota(tenant, NPU, nominal, 0)
@@ -54,6 +35,16 @@ def _running(tenant, *, devices: int, min_devices: int, held: int, elastic: bool
     for rank, device in enumerate(Device.objects.filter(flavor__name=NPU).order_by("device_id")[:held]):
         Allocation.objects.create(job=job, device=device, rank=rank, started_at=now)
     TrainingJob.objects.filter(pk=job.pk).update(demand={NPU: held}, admitted_at=now)
+    return job
+
+
+def _stopped_for_a_resize(tenant, *, min_devices: int, resize_to: int) -> TrainingJob:
+    """An elastic job of 4 whose attempt 0 was asked to move to ``resize_to`` devices and stopped: it is
+    recovering as attempt 1, holding nothing."""
+    job = _running(tenant, devices=4, min_devices=min_devices, held=0)
+    JobAttempt.objects.filter(job=job, number=0).update(resize_to=resize_to, stop_requested="elastic round")
+    TrainingJob.objects.filter(pk=job.pk).update(state=JobState.RECOVERING, attempt=1)
+    JobAttempt.objects.create(job=job, number=1)
     return job
 
 
@@ -142,10 +133,7 @@ def test_a_nearly_done_job_is_not_moved_for_a_gain_that_does_not_repay_the_move(
 def test_a_resize_that_waits_for_devices_keeps_its_count_when_retried(pool, tenants, sent):
     acme = tenants[0]
     _only_device_quota(acme, 4)
-    job = _running(acme, devices=4, min_devices=1, held=0)
-    JobAttempt.objects.filter(job=job, number=0).update(resize_to=2, stop_requested="elastic round")
-    TrainingJob.objects.filter(pk=job.pk).update(state=JobState.RECOVERING, attempt=1)
-    JobAttempt.objects.create(job=job, number=1)
+    job = _stopped_for_a_resize(acme, min_devices=1, resize_to=2)
 
     assert recovery.retry_recovering(job.pk) is True
 
@@ -156,10 +144,7 @@ def test_a_resize_that_waits_for_devices_keeps_its_count_when_retried(pool, tena
 def test_the_reallocation_keeps_a_resize_within_the_jobs_range(pool, tenants, sent):
     acme = tenants[0]
     _only_device_quota(acme, 4)
-    job = _running(acme, devices=4, min_devices=2, held=0)
-    JobAttempt.objects.filter(job=job, number=0).update(resize_to=1, stop_requested="elastic round")
-    TrainingJob.objects.filter(pk=job.pk).update(state=JobState.RECOVERING, attempt=1)
-    JobAttempt.objects.create(job=job, number=1)
+    job = _stopped_for_a_resize(acme, min_devices=2, resize_to=1)
     with transaction.atomic():
         plan = recovery._reallocate(TrainingJob.objects.get(pk=job.pk), (), frozenset())
     assert plan is not None and len(plan.devices) == 2  # its minimum, not the 1 asked

@@ -20,26 +20,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 NPU = "ascend-910b"  # the test pool has four, on one node
 
 
-@pytest.fixture
-def sent(monkeypatch) -> list[tuple]:
-    """Tasks the recovery module would enqueue (provisioning the next attempt), recorded instead."""
-    tasks: list[tuple] = []
-    monkeypatch.setattr(dispatch, "after_commit", lambda name, *args: tasks.append((name, *args)))
-    return tasks
-
-
-@pytest.fixture
-def stops(monkeypatch) -> list[tuple[dict, str]]:
-    asked: list[tuple[dict, str]] = []
-
-    class Backend:
-        def request_stop(self, handle: dict, reason: str) -> None:
-            asked.append((handle, reason))
-
-    monkeypatch.setattr(recovery, "get_backend", lambda: Backend())
-    return asked
-
-
 def _only_device_quota(tenant, nominal: int, borrowing: int | None = 0) -> None:
     Quota.objects.filter(tenant_id=tenant.id, resource=NAU_RESOURCE).delete()
     quota(tenant, NPU, nominal, borrowing)
