@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 
 from jobs import dispatch, locks, throughput, transitions
@@ -539,17 +539,22 @@ def request_move(job_id: int, reason: str, *, resize_to: int | None = None) -> b
     return True
 
 
-def shrunk_job_ids() -> list[int]:
-    """Running jobs on fewer devices than they asked for (after a recovery that shrank them), and
-    not already asked to move. While the elastic round runs, elastic jobs are its to resize
-    (``jobs.resizing``): growing one back every sweep would undo the round's shrinks."""
-    held = Count("allocations", filter=Q(allocations__ended_at__isnull=True), distinct=True)
+def running_not_moving() -> QuerySet[TrainingJob]:
+    """Running jobs whose current attempt has not been asked to move."""
     moving = (
         JobAttempt.objects.filter(job__state=JobState.RUNNING, number=F("job__attempt"))
         .exclude(stop_requested="")
         .values("job_id")
     )
-    running = TrainingJob.objects.filter(state=JobState.RUNNING).exclude(pk__in=moving).annotate(held=held)
+    return TrainingJob.objects.filter(state=JobState.RUNNING).exclude(pk__in=moving)
+
+
+def shrunk_job_ids() -> list[int]:
+    """Running jobs on fewer devices than they asked for (after a recovery that shrank them), and
+    not already asked to move. While the elastic round runs, elastic jobs are its to resize
+    (``jobs.resizing``): growing one back every sweep would undo the round's shrinks."""
+    held = Count("allocations", filter=Q(allocations__ended_at__isnull=True), distinct=True)
+    running = running_not_moving().annotate(held=held)
     rounds = settings.POLYCHIP_ELASTIC_ROUND_S > 0
     return [
         job.pk

@@ -28,13 +28,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import F
 from django.utils import timezone
 
 from jobs import throughput
-from jobs.models import Allocation, JobAttempt, JobState, TrainingJob
-from jobs.pool import as_free_device, free_devices
-from jobs.recovery import move_cost_s, quota_ledger, request_move
+from jobs.models import Allocation, TrainingJob
+from jobs.pool import free_devices
+from jobs.recovery import move_cost_s, quota_ledger, request_move, running_not_moving
 from jobs.snapshot import pending_jobs
 from runtime.jobspec import JobSpec
 from runtime.scheduling import QuotaLedger
@@ -102,7 +101,6 @@ def plan_round() -> list[Resize]:
     jobs: list[PolicyJob] = [_policy_job(r) for r in running.values()]
     for p in heads:
         if p.job_id in specs:
-            elastic = specs[p.job_id][0].elastic
             jobs.append(
                 ElasticPolicyJob(
                     p.job_id,
@@ -112,7 +110,7 @@ def plan_round() -> list[Resize]:
                     p.tenant_id,
                     mixable=len(p.flavors) > 1,
                     remaining_steps=float(steps[p.job_id]) if steps[p.job_id] else None,
-                    min_devices=p.min_devices if elastic and p.min_devices else p.devices,
+                    min_devices=p.min_devices or p.devices,  # the snapshot sets it for elastic jobs only
                     max_devices=p.devices,
                 )
             )
@@ -139,17 +137,12 @@ def elastic_round() -> list[Resize]:
 
 def _running_elastic() -> dict[int, _Running]:
     """Running elastic jobs not already moving, with the configuration they hold."""
-    moving = JobAttempt.objects.filter(job__state=JobState.RUNNING, number=F("job__attempt")).exclude(stop_requested="")
-    candidates = {
-        job.pk: job
-        for job in TrainingJob.objects.filter(state=JobState.RUNNING).exclude(pk__in=moving.values("job_id"))
-        if job.job_spec.elastic
-    }
+    candidates = {job.pk: job for job in running_not_moving() if job.job_spec.elastic}
     held: dict[int, list[str]] = defaultdict(list)
-    for allocation in Allocation.objects.filter(job_id__in=list(candidates), ended_at__isnull=True).select_related(
-        "device__node", "device__flavor"
-    ):
-        held[allocation.job_id].append(as_free_device(allocation.device).flavor)
+    # Flavor names only: a device row carries its hour of health readings, which a count needs none of.
+    open_allocations = Allocation.objects.filter(job_id__in=list(candidates), ended_at__isnull=True)
+    for job_id, flavor in open_allocations.values_list("job_id", "device__flavor__name"):
+        held[job_id].append(flavor)
     return {
         job_id: _Running(job, job.job_spec, Config.from_mapping(Counter(held[job_id])))
         for job_id, job in candidates.items()
