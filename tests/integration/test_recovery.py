@@ -41,7 +41,7 @@ def _run_dir(job_id: int) -> Path:
     return Path(handle["run_dir"])
 
 
-def _steps(run_dir: Path, rank: int) -> list[dict[str, Any]]:
+def _events(run_dir: Path, rank: int, kind: str = "step") -> list[dict[str, Any]]:
     path = run_dir / f"telemetry.rank{rank}.jsonl"
     if not path.exists():
         return []
@@ -51,11 +51,16 @@ def _steps(run_dir: Path, rank: int) -> list[dict[str, Any]]:
             events.append(json.loads(line))
         except ValueError:
             continue  # the line being written right now
-    return [e for e in events if e["kind"] == "step"]
+    return [e for e in events if e["kind"] == kind]
 
 
 def _last_step(run_dir: Path) -> int:
-    return max((e["step"] for rank in range(8) for e in _steps(run_dir, rank)), default=0)
+    return max((e["step"] for rank in range(8) for e in _events(run_dir, rank)), default=0)
+
+
+def _last_saved(run_dir: Path) -> int:
+    """The step of the newest checkpoint that rank 0 reported committed (it saves, the others do not)."""
+    return max((e["step"] for e in _events(run_dir, 0, "checkpoint")), default=0)
 
 
 def _kill(run_dir: Path, rank: int) -> None:
@@ -100,11 +105,23 @@ def test_killing_a_rank_ten_times_recovers_each_time_within_a_weights_interval_a
         job = api.wait_for(job_id, FINAL, timeout_s=120)
         assert job["state"] == "succeeded", (trial, job["failure_reason"], _messages(job_id))
         assert job["restarts"] == 1 and job["attempt"] == 1, (trial, job["restarts"], job["attempt"])
-        # Nothing is lost beyond the weights interval: the killed run's last step (its survivors
-        # flush their telemetry as they exit) against the step the next attempt restored.
+        # What is lost: the killed run's last step (its survivors flush their telemetry as they exit)
+        # against the step the next attempt restored; at most the weights interval. Saves are
+        # written in the background while training goes on (runtime/recovery/checkpoint.py), so a
+        # failure can cut the save of the next interval short: then the restore is from the interval
+        # before, and at most two intervals are lost (the save after waits for the one in flight).
+        # What must never happen is a committed save passed over.
         restored = job["recovery"]["restored"]
         lost = _last_step(run_dir) - restored["step"]
-        assert 0 <= lost <= WEIGHTS_EVERY, (trial, _last_step(run_dir), restored)
+        saved = _last_saved(run_dir)
+        assert restored["step"] >= saved, (trial, saved, restored)
+        cut_short = saved == restored["step"]  # no save after the restored one was reported committed
+        assert 0 <= lost <= WEIGHTS_EVERY or (cut_short and lost <= 2 * WEIGHTS_EVERY), (
+            trial,
+            _last_step(run_dir),
+            saved,
+            restored,
+        )
         # The state of one step: the optimizer's momentum from the step the weights are from.
         assert restored["optimizer_step"] == restored["step"], (trial, restored)
         # The same final loss as the uninterrupted run, as a share of the loss reduction.
@@ -202,7 +219,7 @@ def test_draining_a_node_checkpoints_its_job_and_moves_it_to_another_flavor(api_
     assert job["restarts"] == 0 and job["attempt"] == 1
     assert all(d["node"] != node for d in _last_attempt_devices(job)), job["devices"]
     assert set(Device.objects.filter(node__name=node).values_list("health", flat=True)) == {DeviceHealth.CORDONED}
-    stopped_at = max(e["step"] for e in _steps(run_dir, 0))
+    stopped_at = max(e["step"] for e in _events(run_dir, 0))
     # The drain saved a full checkpoint at the step it stopped: nothing is redone.
     assert job["recovery"]["restored"]["step"] == stopped_at
     assert job["recovery"]["restored"]["optimizer_step"] == stopped_at

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from jobs.models import JobEvent
 from tests.processes import processes_mentioning
 from tests.stack import Api, free_port, stack_down, stack_env, stack_up
 
@@ -29,7 +30,13 @@ def test_down_stops_the_jobs_the_stack_started(tenants, pool, tmp_path):
         deadline = time.monotonic() + 90
         while not processes_mentioning(str(tmp_path / "runs")) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert processes_mentioning(str(tmp_path / "runs")), "the job never started"
+        if not processes_mentioning(str(tmp_path / "runs")):
+            job = api.get(f"/api/v1/jobs/{job_id}").json()
+            events = list(JobEvent.objects.filter(job_id=job_id).order_by("pk").values_list("kind", "message"))
+            raise AssertionError(
+                f"the job never started: {job['state']} ({job['pending_reason'] or job['failure_reason']}); "
+                f"events {events}; runs {sorted(p.name for p in (tmp_path / 'runs').glob('*'))}"
+            )
     finally:
         left = stack_down(env)
     assert left == [], f"processes of job {job_id} outlived `polychip down`: {left}"
