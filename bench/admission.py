@@ -3,11 +3,15 @@
     python bench/admission.py [--quick]
 
 - overshoots, leaked_reservations, admission_p50_ms, admission_p99_ms: on PostgreSQL (a scratch
-  database, polychip_bench, dropped and made again). Each trial starts 64 client processes
-  (forked, each with its own connection) at a barrier; each submits a job of 1, 2, 4 or 8 h100-sxm
-  through ``jobs.services.submit_job`` and asks for admission as the Celery task would
-  (``admit_queued_jobs``: coalesced cycles under the admission lock), and half of them then finish
-  their job if it was admitted, so that quota frees up while others admit. Trials alternate two
+  database, polychip_bench, dropped and made again), through production's path. The project's
+  Celery worker (`polychip up`'s options: prefork, 2 processes) runs the admission cycles; its
+  broker is a Redis database of the bench's own (BENCH_BROKER, flushed); bench/_admission_worker.py,
+  loaded into it, reports each committed cycle's decisions and sends provisioning nowhere. Each
+  trial starts 64 client processes (forked, each with its own connection, as a server process
+  handles a request) at a barrier; each submits a job of 1, 2, 4 or 8 h100-sxm through
+  ``jobs.services.submit_job``, whose commit sends a request for admission to the worker, waits for
+  the worker's decision, and half of them then finish their job if it was admitted (which asks for
+  a cycle too), so that quota frees up while others admit. Trials alternate two
   scenarios: ``quota``, one tenant with a quota of 8 devices; ``cohort``, two tenants of nominal 4
   that may each borrow 4 from the other, one of them also capped at 20 NAU (6 h100), with random
   priorities, so borrowing, reclaim and priority preemption race too. After a trial every job is
@@ -15,15 +19,16 @@
   cohort more than 8 devices, found by a sweep over the trial's allocation intervals; a leaked
   reservation is an allocation still open once every job has ended. A first burst, checked for
   overshoots but not counted in the latencies, warms the clients as a server process is warm (its
-  connection open, its queries planned); its p99 is reported alone as cold_burst_p99_ms. Admission latency runs from
-  the submit call to the commit of the first cycle that decided the job (admitted it, or left it
-  waiting with a reason and a place in the queue); the baseline is one client submitting alone,
-  and the ratio compares the two medians. On this 2-core machine the 64 clients also contend for
-  the CPU, which the latency includes.
+  connection open, its queries planned); its p99 is reported alone as cold_burst_p99_ms.
+  Admission latency runs from the submit call to the commit of the first cycle that decided the
+  job (admitted it, or left it waiting with a reason and a place in the queue); jobs_never_decided
+  counts those the worker did not decide within a minute. The baseline is one client submitting
+  alone, and the ratio compares the two medians. On this 2-core machine the 64 clients, the worker
+  and PostgreSQL contend for the CPU, which the latency includes.
 - submit_only_p50_ms, submit_only_p99_ms: the floor under those latencies. The same bursts (a tenth
-  as many, at least 6), each client only submitting: from the barrier to its submit's return. No
-  decision can come before the submit it decides has returned, so on this host admission_p99_ms
-  cannot fall below submit_only_p99_ms whatever admission does.
+  as many, at least 6), each client only submitting, with no worker running: from the barrier to
+  its submit's return. No decision can come before the submit it decides has returned, so on this
+  host admission_p99_ms cannot fall below submit_only_p99_ms whatever admission does.
 - cycle_s_10k_jobs (and cycle_s_10k_jobs_aware_policy, with the placement policy production follows),
   cycle_growth_on_doubling, cycle_growth_by_count: the pure decision
   (``runtime.scheduling.schedule``) over a synthetic snapshot of 10,000 pending jobs, 200 tenants
@@ -42,13 +47,15 @@ The last line printed is one JSON object of the figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +67,10 @@ sys.path.insert(0, str(ROOT))
 
 BENCH_DB = "polychip_bench"
 PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
+# The broker of the bench's Celery worker (a Redis database of its own, flushed at the start).
+BROKER = os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/13")
+WORKER_CONCURRENCY = 2  # as `polychip up` starts its worker (controlplane/cli/server.py)
+DECISION_TIMEOUT_S = 60.0  # a job undecided this long counts in jobs_never_decided
 QUOTA = 8
 SIZES = (1, 2, 4, 8)
 CONCURRENCY = 64
@@ -86,9 +97,12 @@ def setup_django(db: str = BENCH_DB, var: str = "bench") -> None:
         conn.execute(f"DROP DATABASE IF EXISTS {db}")
         conn.execute(f"CREATE DATABASE {db}")
     os.environ["DATABASE_URL"] = f"{PG}/{db}"
-    # Tasks are published to an in-process queue that nobody consumes: the bench itself runs the
-    # admission cycles, and no job is launched.
-    os.environ["CELERY_BROKER_URL"] = "memory://"
+    # Requests for admission go through Redis to the bench's worker (admission_worker), which runs
+    # the cycles; provisioning goes to a queue nobody consumes, and no job is launched.
+    os.environ["CELERY_BROKER_URL"] = BROKER
+    import redis
+
+    redis.Redis.from_url(BROKER).flushdb()
     os.environ.setdefault("POLYCHIP_VAR_DIR", str(ROOT / "var" / var))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     import logging
@@ -96,6 +110,8 @@ def setup_django(db: str = BENCH_DB, var: str = "bench") -> None:
     import django
 
     django.setup()
+    import bench._admission_worker  # noqa: F401  (its task routes: provisioning goes nowhere)
+
     logging.getLogger("kombu").setLevel(logging.ERROR)
     logging.getLogger("jobs").setLevel(logging.WARNING)
     from django.core.management import call_command
@@ -154,28 +170,69 @@ def max_concurrent(intervals: list[tuple[float, float, int]]) -> int:
     return peak
 
 
+@contextlib.contextmanager
+def admission_worker() -> Iterator[None]:
+    """The project's Celery worker, with `polychip up`'s options, on the bench's database and broker
+    for the block; bench/_admission_worker.py reports its cycles' decisions."""
+    import redis
+
+    from bench._admission_worker import READY_KEY
+
+    broker = redis.Redis.from_url(BROKER)
+    broker.delete(READY_KEY)
+    log_path = ROOT / "var" / "bench" / "admission-worker.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = [
+        *(sys.executable, "-m", "celery", "-A", "controlplane", "--quiet", "worker", "--loglevel", "warning"),
+        *("--concurrency", str(WORKER_CONCURRENCY), "--without-mingle", "--without-gossip"),
+        *("--include", "bench._admission_worker", "--hostname", "bench-admission@%h"),
+    ]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with open(log_path, "wb") as log:
+        worker = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while int(broker.get(READY_KEY) or 0) < WORKER_CONCURRENCY:
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the bench's Celery worker did not start; see {log_path}")
+            time.sleep(0.1)
+        yield
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
+def forget_decisions() -> None:
+    """Between trials: the decision lists read, and provisioning nobody will consume."""
+    import redis
+
+    from bench._admission_worker import UNCONSUMED
+
+    broker = redis.Redis.from_url(BROKER)
+    stale = [*broker.scan_iter("bench:decided:*", count=1000), UNCONSUMED]
+    broker.delete(*stale)
+
+
 def client_process(tasks: Any, results: Any, barrier: Any) -> None:
-    """One of the 64 clients: a forked process with its own database connection. Per trial it
-    waits at the barrier, submits, asks for admission, and maybe finishes its job; it reports when
-    it submitted, and when each cycle it ran committed (wall clock: shared by every process)."""
+    """One of the 64 clients: a forked process with its own database connection, as a server
+    process submits a job for a request. Per trial it waits at the barrier, submits (the submit
+    asks for admission through the broker, once it commits), waits for the worker's decision, and
+    maybe finishes its job; it reports when it submitted, and when the decision committed (wall
+    clock: shared by every process)."""
+    import redis
     from django.db import connection
 
-    from jobs import admission
+    from bench._admission_worker import decided_key
     from jobs import services as jobs
     from jobs.models import JobState, TrainingJob
     from runtime.jobspec import parse_job_spec
 
     connection.close()  # never share the parent's socket
-    decided: dict[int, float] = {}
-
-    def on_cycle(report: Any) -> None:
-        # The cycle has committed: every job it considered has its decision (admitted, or waiting
-        # with a reason and a place in the queue).
-        now = time.time()
-        for job_id in report.decided:
-            decided.setdefault(job_id, now)
-
-    admission.cycle_listeners.append(on_cycle)
+    decisions = redis.Redis.from_url(BROKER)
     while (task := tasks.get()) is not None:
         tenant_id, size, priority, finish, admit = task
         # wait_for_capacity: bench-x's 8-device jobs exceed its NAU cap for good; they wait (and race) rather
@@ -189,43 +246,40 @@ def client_process(tasks: Any, results: Any, barrier: Any) -> None:
                 "wait_for_capacity": True,
             }
         )
-        decided.clear()
         barrier.wait()
         started = time.time()
         job = jobs.submit_job(tenant_id=tenant_id, user_id=None, spec=spec)
         if not admit:  # the floor: a decision cannot come before the submit that it decides has returned
             results.put((job.id, started, {job.id: time.time()}))
             continue
-        jobs.admit_queued_jobs()
-        if finish and TrainingJob.objects.filter(pk=job.id, state=JobState.ADMITTED).exists():
+        popped = decisions.blpop([decided_key(job.id)], timeout=DECISION_TIMEOUT_S)
+        if finish and popped and TrainingJob.objects.filter(pk=job.id, state=JobState.ADMITTED).exists():
             jobs.finish_job(job.id, JobState.SUCCEEDED, message="bench: done")
-        results.put((job.id, started, dict(decided)))
+        results.put((job.id, started, {job.id: float(popped[1])} if popped else {}))
     connection.close()
 
 
 def one_client_latency(scenario: Scenario, samples: int) -> float:
-    """The baseline: one client alone, submit to committed decision, median in ms."""
-    from jobs import admission
+    """The baseline: one client alone, submit to committed decision (by the worker), median in ms."""
+    import redis
+
+    from bench._admission_worker import decided_key
     from jobs import services as jobs
     from jobs.models import JobState
     from runtime.jobspec import parse_job_spec
 
-    decided: dict[int, float] = {}
-
-    def on_cycle(report: Any) -> None:
-        for job_id in report.decided:
-            decided.setdefault(job_id, time.time())
-
-    admission.cycle_listeners.append(on_cycle)
+    decisions = redis.Redis.from_url(BROKER)
     latencies = []
     spec = parse_job_spec({"name": "baseline", "devices": 1, "flavors": ["h100-sxm"]})
     for _ in range(samples):
         started = time.time()
         job = jobs.submit_job(tenant_id=scenario.tenants[0], user_id=None, spec=spec)
-        jobs.admit_queued_jobs()
-        latencies.append(decided[job.id] - started)
+        popped = decisions.blpop([decided_key(job.id)], timeout=DECISION_TIMEOUT_S)
+        if popped is None:
+            raise SystemExit(f"the worker decided nothing of job {job.id} in {DECISION_TIMEOUT_S:.0f} s")
+        latencies.append(float(popped[1]) - started)
         jobs.finish_job(job.id, JobState.SUCCEEDED, message="bench: baseline")
-    admission.cycle_listeners.remove(on_cycle)
+    forget_decisions()
     return statistics.median(latencies) * 1000
 
 
@@ -295,6 +349,7 @@ def run_trials(
                 for decided_id, when in burst_decided.items():
                     decided_at[decided_id] = min(when, decided_at.get(decided_id, when))
             end_everything()
+            forget_decisions()
             leaked += Allocation.objects.filter(ended_at__isnull=True).count()
             spans: dict[int, list[tuple[float, float, int]]] = {t: [] for t in scenario.tenants}
             for tenant_id, started_at, ended_at in Allocation.objects.filter(job_id__gt=since).values_list(
@@ -582,8 +637,10 @@ def main() -> None:
 
     setup_django()
     scenarios = seed()
-    baseline_ms = one_client_latency(scenarios[0], 20 if args.quick else 200)
-    figures.update(run_trials(scenarios, trials, bar("concurrency trials", trials)))
+    with admission_worker():
+        baseline_ms = one_client_latency(scenarios[0], 20 if args.quick else 200)
+        figures.update(run_trials(scenarios, trials, bar("concurrency trials", trials)))
+    # The floor with no worker: nothing but the submits (their requests wait in the broker).
     floor_trials = max(6, trials // 10)
     floor = run_trials(scenarios, floor_trials, bar("the same bursts, submit only", floor_trials), admit=False)
     figures["submit_only_p50_ms"] = floor["admission_p50_ms"]

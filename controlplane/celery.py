@@ -17,6 +17,7 @@ from celery.signals import (
     task_postrun,
     task_prerun,
     worker_init,
+    worker_process_init,
     worker_process_shutdown,
     worker_ready,
     worker_shutdown,
@@ -68,6 +69,29 @@ def _count_tasks(**_: Any) -> None:
     from controlplane import taskstats
 
     taskstats.connect_signals()
+
+
+@worker_process_init.connect
+def _keep_database_connections(**_: Any) -> None:
+    """Each worker process keeps its connections between tasks (settings.POLYCHIP_WORKER_DB_CONN_MAX_AGE):
+    the web server's settings (a connection per request) are not a worker's."""
+    from django.conf import settings
+    from django.db import connections
+
+    if settings.POLYCHIP_WORKER_DB_CONN_MAX_AGE:
+        for connection in connections.all():
+            connection.settings_dict["CONN_MAX_AGE"] = settings.POLYCHIP_WORKER_DB_CONN_MAX_AGE
+            connection.settings_dict["CONN_HEALTH_CHECKS"] = True
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _drop_broken_or_old_connections(**_: Any) -> None:
+    """Around each task, as Django does around each request: a kept connection that broke (a
+    database restart, a failover) or outlived its age is closed, and the next query opens a new one."""
+    from django.db import close_old_connections
+
+    close_old_connections()
 
 
 @worker_ready.connect

@@ -332,6 +332,14 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# A worker process runs one task at a time: it keeps its database connection from task to task, for
+# up to this many seconds (controlplane/celery.py), rather than opening one per task. A new
+# PostgreSQL connection forks a backend whose first queries run on cold catalog caches: 20-30 ms,
+# against the 10 ms of a one-job admission cycle (bench/admission.py). 0: one connection per task.
+POLYCHIP_WORKER_DB_CONN_MAX_AGE = int(os.environ.get("POLYCHIP_WORKER_DB_CONN_MAX_AGE", "600"))
+# Celery's Django fixup closes the connections around every task unless this is set; it then closes
+# them every this many tasks, and the age and health checks above decide the rest.
+CELERY_DB_REUSE_MAX = 1000 if POLYCHIP_WORKER_DB_CONN_MAX_AGE else None
 POLYCHIP_SWEEP_SECONDS = float(os.environ.get("POLYCHIP_SWEEP_SECONDS", "1.0"))
 # A sweep that could not run within its period is superseded by the next one: expire it rather
 # than let them pile up while both worker slots are busy launching or tearing down.

@@ -11,16 +11,17 @@ it was, and the next cycle decides again.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from billing import services as billing
@@ -272,6 +273,7 @@ def _cycle() -> CycleReport:
         dispatch.after_commit(dispatch.ADMIT)
     cycle_s = (timezone.now() - snapshot_at).total_seconds()
     AdmissionLock.objects.filter(pk=1).update(last_cycle_at=now, last_cycle_s=cycle_s)
+    _mark_served(snapshot_at)
     return CycleReport(
         admitted=tuple(admitted),
         preempted=tuple(preempted),
@@ -311,7 +313,7 @@ def run_admission_cycle() -> CycleReport:
     return report
 
 
-def admit() -> list[int]:
+def admit(requested_at: float | None = None) -> list[int]:
     """Admit what can be admitted now, coalescing with cycles that other workers run.
 
     Every submission and every ended job asks for a cycle. Rather than queue one cycle per request
@@ -319,7 +321,15 @@ def admit() -> list[int]:
     and the worker holding it runs once more if a request arrived after its snapshot. A request
     is never lost: it is written before the lock is tried, and the holder reads requests only
     after it let the lock go. Returns the ids this worker admitted.
+
+    ``requested_at`` (seconds since the epoch): when the request was sent, after the requester's
+    commit. A cycle that read its snapshot later has seen that change; once such a cycle has
+    committed, the request is served and costs one read. Without it (beat's sweep) a cycle runs.
+    Clocks of different hosts may disagree: a request skipped by mistake waits for the sweep's
+    next cycle (a second), and is never lost.
     """
+    if requested_at is not None and _served_since(requested_at):
+        return []
     if not TrainingJob.objects.filter(state=JobState.QUEUED).exists():
         return []  # nothing waits: the sweep's request every second costs one indexed read
     requested = timezone.now()
@@ -336,6 +346,23 @@ def admit() -> list[int]:
         latest = AdmissionRequest.objects.filter(pk=1).values_list("requested_at", flat=True).first()
         if latest is None or latest < report.snapshot_at:
             return admitted
+
+
+def _mark_served(snapshot_at: datetime) -> None:
+    """Every request sent before ``snapshot_at`` is served once the cycle commits (``admit``). The
+    row may not exist yet, and a requester may be making it: insert-if-absent, then move forward."""
+    AdmissionRequest.objects.bulk_create([AdmissionRequest(pk=1)], ignore_conflicts=True)
+    AdmissionRequest.objects.filter(Q(served_at__isnull=True) | Q(served_at__lt=snapshot_at), pk=1).update(
+        served_at=snapshot_at
+    )
+
+
+def _served_since(requested_at: float) -> bool:
+    """Whether a cycle that read its snapshot at or after ``requested_at`` has committed."""
+    if not math.isfinite(requested_at):  # from the broker: a bad stamp asks for a cycle
+        return False
+    when = datetime.fromtimestamp(requested_at, tz=UTC)
+    return AdmissionRequest.objects.filter(pk=1, served_at__gte=when).exists()
 
 
 # Called after each cycle commits, with its report (benchmarks and metrics listen here).

@@ -278,10 +278,12 @@ class AdmissionWait(models.Model):
 
 
 class AdmissionRequest(models.Model):
-    """When a cycle was last asked for; a cycle that started before it runs once more."""
+    """When a cycle was last asked for (a cycle that started before it runs once more), and when the
+    newest committed cycle read its snapshot (a request sent before that is served)."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     requested_at = models.DateTimeField(null=True, blank=True)
+    served_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"admission requested at {self.requested_at}"

@@ -19,10 +19,11 @@ log = logging.getLogger(__name__)
 RETRY = {"autoretry_for": TRANSIENT_ERRORS, **RETRY_POLICY}
 
 
-# Beat asks for a cycle every sweep (and its requests expire): the next one is its retry.
+# Beat asks for a cycle every sweep (and its requests expire): the next one is its retry. A request
+# sent by a change (jobs.dispatch.send) carries when it was sent; beat's carry nothing and always run.
 @shared_task(name="jobs.tasks.admit_queued_jobs", ignore_result=True)
-def admit_queued_jobs() -> list[int]:
-    return services.admit_queued_jobs()
+def admit_queued_jobs(requested_at: float | None = None) -> list[int]:
+    return services.admit_queued_jobs(requested_at)
 
 
 @shared_task(name="jobs.tasks.provision_job", ignore_result=True, **RETRY)

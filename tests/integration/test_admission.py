@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 from django.db import connection
@@ -291,3 +292,36 @@ def test_concurrent_submissions_never_overshoot_the_quota(tenants, pool):
         held += delta
         peak = max(peak, held)
     assert 0 < peak <= 4
+
+
+@pytest.fixture
+def cycles():
+    """The reports of the cycles that commit during the test."""
+    reports: list[services.CycleReport] = []
+    services.cycle_listeners.append(reports.append)
+    yield reports
+    services.cycle_listeners.remove(reports.append)
+
+
+def test_a_request_for_admission_is_served_by_any_cycle_that_read_its_snapshot_later(lab, cycles):
+    """A burst of submissions sends a request each; the worker runs a cycle for the first and finds
+    the rest served by it (one read each), rather than running a cycle per request."""
+    acme = lab[0]
+    quota(acme, "ascend-910b", 4)
+
+    first = submit(acme, 1, name="first")
+    sent_at = time.time()  # as jobs.dispatch.send stamps it, after the submit committed
+    assert services.admit_queued_jobs(sent_at) == [first]
+    assert len(cycles) == 1 and first in cycles[0].decided
+
+    assert services.admit_queued_jobs(sent_at) == []  # served by that cycle: none runs
+    second = submit(acme, 1, name="second")
+    assert services.admit_queued_jobs(sent_at) == []  # an old request does not see the new job...
+    assert len(cycles) == 1
+    assert services.admit_queued_jobs(time.time()) == [second]  # ...its own request does
+    assert len(cycles) == 2
+
+    third = submit(acme, 8, name="too big", wait=True)  # waits: the queue is never empty below
+    assert services.admit_queued_jobs(None) == []  # beat's request: always a cycle
+    assert services.admit_queued_jobs(float("nan")) == []  # a stamp that is not a time: a cycle
+    assert len(cycles) == 4 and all(third in c.decided for c in cycles[2:])

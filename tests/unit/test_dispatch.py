@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -56,3 +57,17 @@ def test_only_per_job_tasks_are_sent_in_chunks(sent: list[tuple[str, tuple[Any, 
     with pytest.raises(ValueError, match="cannot be fanned out"):
         dispatch.send_each(dispatch.ADMIT, [()] * (dispatch.FAN_OUT_CHUNK + 1))
     assert sent == []
+
+
+def test_a_request_for_admission_carries_when_it_was_sent_and_other_tasks_their_own_args(
+    sent: list[tuple[str, tuple[Any, ...]]],
+) -> None:
+    before = time.time()
+    dispatch.send(dispatch.ADMIT)
+    after = time.time()
+    dispatch.send(dispatch.PROVISION, 7)
+    dispatch.send(dispatch.ADMIT, 12.5)  # a stamp given is kept
+    (admit, stamp), provision, kept = sent
+    assert admit == dispatch.ADMIT and before <= stamp[0] <= after and len(stamp) == 1
+    assert provision == (dispatch.PROVISION, (7,))
+    assert kept == (dispatch.ADMIT, (12.5,))
