@@ -11,7 +11,6 @@ it was, and the next cycle decides again.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,7 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F
 from django.utils import timezone
 
 from billing import services as billing
@@ -272,8 +271,8 @@ def _cycle() -> CycleReport:
     if making_room:
         dispatch.after_commit(dispatch.ADMIT)
     cycle_s = (timezone.now() - snapshot_at).total_seconds()
-    AdmissionLock.objects.filter(pk=1).update(last_cycle_at=now, last_cycle_s=cycle_s)
-    _mark_served(snapshot_at)
+    # served_at: every request sent before the snapshot was read is served once this commits (``admit``).
+    AdmissionLock.objects.filter(pk=1).update(last_cycle_at=now, last_cycle_s=cycle_s, served_at=snapshot_at)
     return CycleReport(
         admitted=tuple(admitted),
         preempted=tuple(preempted),
@@ -328,10 +327,8 @@ def admit(requested_at: float | None = None) -> list[int]:
     Clocks of different hosts may disagree: a request skipped by mistake waits for the sweep's
     next cycle (a second), and is never lost.
     """
-    if requested_at is not None and _served_since(requested_at):
-        return []
-    if not TrainingJob.objects.filter(state=JobState.QUEUED).exists():
-        return []  # nothing waits: the sweep's request every second costs one indexed read
+    if not _waiting_and_unserved(requested_at):
+        return []  # nothing waits, or a later cycle decided: one indexed read
     requested = timezone.now()
     if not AdmissionRequest.objects.filter(pk=1).update(requested_at=requested):
         AdmissionRequest.objects.update_or_create(pk=1, defaults={"requested_at": requested})
@@ -348,21 +345,22 @@ def admit(requested_at: float | None = None) -> list[int]:
             return admitted
 
 
-def _mark_served(snapshot_at: datetime) -> None:
-    """Every request sent before ``snapshot_at`` is served once the cycle commits (``admit``). The
-    row may not exist yet, and a requester may be making it: insert-if-absent, then move forward."""
-    AdmissionRequest.objects.bulk_create([AdmissionRequest(pk=1)], ignore_conflicts=True)
-    AdmissionRequest.objects.filter(Q(served_at__isnull=True) | Q(served_at__lt=snapshot_at), pk=1).update(
-        served_at=snapshot_at
-    )
-
-
-def _served_since(requested_at: float) -> bool:
-    """Whether a cycle that read its snapshot at or after ``requested_at`` has committed."""
-    if not math.isfinite(requested_at):  # from the broker: a bad stamp asks for a cycle
-        return False
-    when = datetime.fromtimestamp(requested_at, tz=UTC)
-    return AdmissionRequest.objects.filter(pk=1, served_at__gte=when).exists()
+def _waiting_and_unserved(requested_at: float | None) -> bool:
+    """Whether a job waits in the queue and, for a request sent at ``requested_at``, no cycle that
+    read its snapshot at or after then has committed yet. One indexed read: the sweep asks every second."""
+    queued = TrainingJob.objects.filter(state=JobState.QUEUED)
+    lock = AdmissionLock.objects.filter(pk=1).annotate(waiting=Exists(queued))
+    row = lock.values_list("waiting", "served_at").first()
+    if row is None:  # no cycle ran on this database yet
+        return queued.exists()
+    waiting, served_at = row
+    if not waiting or requested_at is None:
+        return bool(waiting)
+    try:
+        sent = datetime.fromtimestamp(requested_at, tz=UTC)
+    except (TypeError, ValueError, OverflowError, OSError):  # from the broker: a stamp that is no time asks for a cycle
+        return True
+    return served_at is None or served_at < sent
 
 
 # Called after each cycle commits, with its report (benchmarks and metrics listen here).

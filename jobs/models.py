@@ -254,6 +254,8 @@ class AdmissionLock(models.Model):
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     last_cycle_at = models.DateTimeField(null=True, blank=True)
     last_cycle_s = models.FloatField(null=True, blank=True)  # how long that cycle took, snapshot to writes
+    # When the newest committed cycle read its snapshot: a request for admission sent before then is served.
+    served_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"admission lock (last cycle {self.last_cycle_at})"
@@ -278,12 +280,10 @@ class AdmissionWait(models.Model):
 
 
 class AdmissionRequest(models.Model):
-    """When a cycle was last asked for (a cycle that started before it runs once more), and when the
-    newest committed cycle read its snapshot (a request sent before that is served)."""
+    """When a cycle was last asked for; a cycle that started before it runs once more."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     requested_at = models.DateTimeField(null=True, blank=True)
-    served_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"admission requested at {self.requested_at}"
