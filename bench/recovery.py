@@ -379,6 +379,84 @@ def predictor_figures(quick: bool) -> dict[str, Any]:
     }
 
 
+# --- 5. the tenant's own code: a restart in fresh ranks or in warm standbys -------------------------
+
+
+def user_code_restarts(trials: int) -> dict[str, Any]:
+    """A python job (runtime/sdk/examples/python_sdk, 3 ranks, run as its own user when the control
+    plane is root) on the local backend, no control plane: kill -9 of a rank after a checkpoint,
+    then the restart as recovery provisions it (same job, same store). The kill to the restart's
+    first step, with ranks started fresh and with the host's warm standbys (which become the job's
+    user before the rank starts); the median of ``trials`` each."""
+    from runtime.backends.base import Phase
+    from runtime.backends.local import LocalBackend
+    from runtime.backends.local import standby as standby_module
+    from runtime.backends.local.sandbox import unavailable_reason
+    from runtime.inventory import load_pool
+    from tests.usercode import SDK_EXAMPLE, make_bundle, user_request
+
+    profiles = load_pool(ROOT / "runtime" / "pools" / "demo.yaml").local_profiles
+    spec = CheckpointSpec(weights_every=10, optimizer_every=10, keep=3)
+    figures: dict[str, Any] = {"usercode_sandboxed": unavailable_reason() is None}
+    # Outside /tmp's pytest-style private folders: the job's user must pass through every folder above.
+    with tempfile.TemporaryDirectory(prefix="polychip-bench-usercode-") as folder:
+        scratch = Path(folder)
+        os.chmod(scratch, 0o711)  # noqa: S103 (traversable, not listable, as the control plane's var/)
+        bundle = make_bundle(scratch / "bundle", {"train.py": SDK_EXAMPLE.read_text()})
+        for mode, standbys in (("fresh", 0), ("warm", 4)):
+            backend = LocalBackend(
+                scratch / f"runs-{mode}", profiles, sample_time_ms=0.2, telemetry_files=True, standby_ranks=standbys
+            )
+            times, warm_ranks = [], 0
+            try:
+                if standbys:  # the host's pool, warm before the failure (the first launch starts it)
+                    standby_module.start_pool(backend.standby_dir, standbys, backend.python, backend.standby_env())
+                    _wait(
+                        lambda b=backend, n=standbys: (
+                            len(standby_module.pool_state(b.standby_dir).get("standbys", [])) >= n
+                        ),
+                        120,
+                        "the standby pool",
+                    )
+                for trial in range(trials):
+                    key = f"{mode}-{trial}"
+                    common = {"checkpoint": spec, "job_key": key, "steps": 100_000}
+                    first = backend.provision(user_request(f"{key}-a0", scratch, bundle, **common))
+                    store = LocalStore(str(scratch / "checkpoints" / key))
+                    _wait(lambda store=store: len(store.names()) >= 2, 300, "two checkpoints")
+                    if standbys:  # the claimed standbys replaced, as in a long run
+                        _wait(
+                            lambda b=backend, n=standbys: (
+                                len(standby_module.pool_state(b.standby_dir).get("standbys", [])) >= n
+                            ),
+                            60,
+                            "the pool refilled",
+                        )
+                    status = json.loads((Path(first["run_dir"]) / "status.json").read_text())
+                    killed_at = time.time()
+                    os.kill(next(r["pid"] for r in status["ranks"] if r["rank"] == 1), signal.SIGKILL)
+                    _wait(lambda h=first, b=backend: b.observe(h).phase == Phase.FAILED, 60, "the failure")
+                    second = backend.provision(user_request(f"{key}-a1", scratch, bundle, **{**common, "steps": 200}))
+                    run_dir = Path(second["run_dir"])
+                    first_step = _wait(
+                        lambda d=run_dir: min((e["ts"] for e in _step_events(d / "work")), default=None), 240, "a step"
+                    )
+                    times.append(first_step - killed_at)
+                    ranks = json.loads((run_dir / "status.json").read_text())["ranks"]
+                    warm_ranks += sum(1 for r in ranks if r.get("standby"))
+                    backend.teardown(second)
+                    backend.teardown(first)
+                    print(f"  {mode}: kill to the restart's first step {times[-1]:.2f} s", flush=True)
+            finally:
+                backend.tear_down_every_run()
+            figures[f"usercode_kill_to_first_step_s_{mode}"] = round(statistics.median(times), 2)
+            figures[f"usercode_warm_ranks_{mode}"] = warm_ranks
+    figures["usercode_warm_vs_fresh"] = round(
+        figures["usercode_kill_to_first_step_s_warm"] / figures["usercode_kill_to_first_step_s_fresh"], 3
+    )
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 kill trials and smaller in-process measurements")
@@ -392,6 +470,8 @@ def main() -> None:
     figures |= restore_semantics(args.quick)
     print("failure predictor:", flush=True)
     figures |= predictor_figures(args.quick)
+    print("the tenant's own code, restarted fresh and in warm standbys:", flush=True)
+    figures |= user_code_restarts(1 if args.quick else 3)
     print(f"kill trials ({trials}):", flush=True)
     figures = kill_trials(trials) | figures
     print(json.dumps(figures))

@@ -114,13 +114,34 @@ def test_a_standby_that_dies_is_replaced(pool: tuple[Path, LocalBackend]) -> Non
     assert int(standby_module.pool_state(pool_dir)["replaced"]) == replaced + 1
 
 
-def test_ranks_that_run_as_the_jobs_user_or_in_a_namespace_never_use_a_standby(
-    make_backend: Callable[..., LocalBackend],
-) -> None:
+def test_ranks_in_a_network_namespace_never_use_a_standby(make_backend: Callable[..., LocalBackend]) -> None:
     backend = make_backend(standby_ranks=2)
-    assert not backend._standby_usable(RunAs(2_000_001, 2_000_001), LinkEmulation())
-    assert not backend._standby_usable(None, LinkEmulation("netns", 1.0))
+    assert not backend._standby_usable(LinkEmulation("netns", 1.0))
     assert not standby_module.pool_running(backend.standby_dir)  # and no pool was started for them
+
+
+@pytest.mark.parametrize("run_as", [RunAs(0, 0), RunAs(1000, 1000), RunAs(2_000_001, 0)], ids=str)
+def test_a_standby_runs_as_no_one_but_a_jobs_own_user(
+    pool: tuple[Path, LocalBackend], tmp_path: Path, run_as: RunAs
+) -> None:
+    """Root forks the standbys: a claim may turn one into a job's user (``sandbox.identity_for``),
+    never into root, a login user or a system group."""
+    pool_dir, backend = pool
+    before = _standby_pids(pool_dir)
+    proc, why = standby_module.claim(
+        pool_dir,
+        backend.python,
+        "runtime.backends.local.rank",
+        ["--config", str(tmp_path / "missing.json"), "--speed", "1.0"],
+        {**backend.standby_env(), "HOME": str(tmp_path)},
+        tmp_path,
+        1,
+        2,
+        run_as=run_as,
+    )
+    assert proc is None
+    assert "a job's own user only" in why
+    assert _standby_pids(pool_dir) == before  # nothing was used up
 
 
 def test_a_pool_of_zero_keeps_no_process(make_backend: Callable[..., LocalBackend], tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import torch
 
 from runtime.backends.base import LaunchRequest, Phase, RankPlacement
 from runtime.backends.local import LocalBackend
+from runtime.backends.local import standby as standby_module
 from runtime.backends.local.sandbox import unavailable_reason
 from runtime.jobspec import CheckpointSpec, WorkloadSpec
 from runtime.recovery.store import LocalStore
@@ -178,11 +179,20 @@ def attempt(path):
     except OSError as exc:
         return f"error {exc.errno}"
 
+def link(fd):
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None  # listdir's own descriptor, closed since
+
 def main():
-    targets = json.loads(os.environ["PROBE_TARGETS"])
+    targets = json.loads(Path("targets.json").read_text())  # beside the script: the job sets no variable
     found = {name: attempt(path) for name, path in targets.items()}
     found["env"] = sorted(os.environ)
     found["uid"] = os.getuid()
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    found["privileges"] = {k: status[k].strip() for k in ("NoNewPrivs", "CapEff", "CapPrm", "Groups")}
+    found["open_files"] = sorted(filter(None, map(link, os.listdir("/proc/self/fd"))))
     Path(os.environ["POLYCHIP_ARTIFACTS_DIR"], "probe.json").write_text(json.dumps(found))
     import torch
     from runtime import sdk
@@ -199,12 +209,15 @@ main()
 
 
 @needs_sandbox
+@pytest.mark.parametrize("standby_ranks", [0, 2], ids=["fresh ranks", "warm standbys"])
 def test_user_code_cannot_read_the_control_planes_secrets_or_other_jobs_runs(
-    make_backend: Callable[..., LocalBackend], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_backend: Callable[..., LocalBackend], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, standby_ranks: int
 ) -> None:
     """A python job on the local backend, run by root: the operating system refuses its reads of the
     database file, the secret key, the var folder's listing and another job's run; its environment
-    holds none of the control plane's settings."""
+    holds none of the control plane's settings. Alike whether its ranks start fresh (setpriv) or in
+    warm standbys that root forked (each becomes the job's user before the rank starts): no
+    capability, no supplementary group, no way to gain privileges, no file of the pool left open."""
     var = tmp_path / "var"
     var.mkdir(mode=0o711)
     os.chmod(var, 0o711)  # noqa: S103 (what controlplane.settings.keep_var_private leaves)
@@ -224,27 +237,34 @@ def test_user_code_cannot_read_the_control_planes_secrets_or_other_jobs_runs(
         "other_run_code": str(other / "train.py"),
         "other_run_folder": str(other),
     }
-    backend = LocalBackend(var / "runs", make_backend().profiles, sample_time_ms=0.1, sandbox="required")
-    bundle = make_bundle(tmp_path / "bundle", {"probe.py": PROBE})
+    backend = LocalBackend(
+        var / "runs", make_backend().profiles, sample_time_ms=0.1, sandbox="required", standby_ranks=standby_ranks
+    )
+    if standby_ranks:  # warm before the launch, as for a restart
+        standby_module.start_pool(backend.standby_dir, standby_ranks, backend.python, backend.standby_env())
+        ready = lambda: len(standby_module.pool_state(backend.standby_dir).get("standbys", [])) >= standby_ranks  # noqa: E731
+        assert wait_for(ready, timeout_s=120), standby_module.pool_state(backend.standby_dir)
+    # The targets travel in the bundle: a variable of the job's own would start its ranks fresh (a
+    # standby's interpreter started without it).
+    bundle = make_bundle(tmp_path / "bundle", {"probe.py": PROBE, "targets.json": json.dumps(targets)})
     request = user_request(
         "probe", tmp_path, bundle, entrypoint="probe.py", flavors=("h100-sxm",), steps=2, global_batch=4
     )
-    request = LaunchRequest(
-        **{
-            **request.__dict__,
-            "artifacts_dir": str(var / "artifacts" / "probe"),
-            "workload": WorkloadSpec(**{**request.workload.__dict__, "env": {"PROBE_TARGETS": json.dumps(targets)}}),
-        }
-    )
+    request = LaunchRequest(**{**request.__dict__, "artifacts_dir": str(var / "artifacts" / "probe")})
     handle = backend.provision(request)
     try:
         observation = wait_until_final(backend, handle, timeout_s=120)
         assert observation.phase == Phase.SUCCEEDED, observation.reason
+        status = json.loads((Path(handle["run_dir"]) / "status.json").read_text())
     finally:
         backend.teardown(handle)
+        backend.stop_standby()
+    assert all(("standby" in r) == bool(standby_ranks) for r in status["ranks"]), status
     found = json.loads((var / "artifacts" / "probe" / "probe.json").read_text())
     assert found["uid"] != 0
+    assert found["privileges"] == {"NoNewPrivs": "1", "CapEff": "0" * 16, "CapPrm": "0" * 16, "Groups": ""}
+    assert not [f for f in found["open_files"] if str(backend.standby_dir) in f], found["open_files"]
     for name in targets:
         assert found[name] == "refused", (name, found[name])
     assert "DATABASE_URL" not in found["env"] and "DJANGO_SECRET_KEY" not in found["env"]
-    assert {"PROBE_TARGETS", "POLYCHIP_JOB_ID", "HOME"} <= set(found["env"])
+    assert {"POLYCHIP_JOB_ID", "HOME"} <= set(found["env"])

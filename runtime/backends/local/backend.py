@@ -320,7 +320,7 @@ class LocalBackend:
                 "link": link.to_json(),
                 "link_note": link_note,
                 **({"fabric": fabric.to_json()} if fabric is not None else {}),
-                **({"standby": {"dir": str(self.standby_dir)}} if self._standby_usable(run_as, link) else {}),
+                **({"standby": {"dir": str(self.standby_dir)}} if self._standby_usable(link) else {}),
                 "ranks": entries,
             },
         )
@@ -328,10 +328,11 @@ class LocalBackend:
         if run_as is not None:
             self._hand_over(request, run_dir, work_dir, run_as)
 
-    def _standby_usable(self, run_as: sandbox_module.RunAs | None, link: LinkEmulation) -> bool:
+    def _standby_usable(self, link: LinkEmulation) -> bool:
         """Whether this launch's ranks may be handed to warm standbys, starting the host's pool if
-        it is not running. Ranks of the job's own user or in a network namespace may not."""
-        if self.standby_ranks <= 0 or run_as is not None or link.mode == "netns":
+        it is not running. Ranks in a network namespace may not; ranks of the job's own user may
+        (the standby becomes that user before the rank starts: ``sandbox.drop_to``)."""
+        if self.standby_ranks <= 0 or link.mode == "netns":
             return False
         if standby_module.unavailable_reason(self.standby_dir) is not None:
             return False

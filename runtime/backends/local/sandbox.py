@@ -20,6 +20,8 @@ in depth for one host, and the README says so.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import os
 import shutil
@@ -74,6 +76,29 @@ def wrap(argv: Sequence[str], run_as: RunAs) -> list[str]:
         "--",
         *argv,
     ]
+
+
+def is_job_identity(uid: object, gid: object) -> bool:
+    """Whether (uid, gid) is one that ``identity_for`` hands out: never root, never a login user."""
+    ids = (uid, gid)
+    return all(isinstance(i, int) and not isinstance(i, bool) and UID_BASE <= i < UID_BASE + UID_SPAN for i in ids)
+
+
+def drop_to(run_as: RunAs) -> None:
+    """Become ``run_as`` in this process, as ``wrap``'s setpriv does before exec: no supplementary
+    groups, real, effective and saved ids all switched (so root cannot be regained, and the
+    capabilities go with it), and no new privileges. For a warm standby forked by root
+    (``runtime.backends.local.standby``) that runs the job's rank next. The kernel clears the
+    parent-death signal on the switch: the caller sets it again. Raises OSError when it cannot."""
+    if not is_job_identity(run_as.uid, run_as.gid):
+        raise PermissionError(f"{run_as.uid}:{run_as.gid} is not a job's identity")
+    os.setgroups([])
+    os.setresgid(run_as.gid, run_as.gid, run_as.gid)
+    os.setresuid(run_as.uid, run_as.uid, run_as.uid)
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    pr_set_no_new_privs = 38
+    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
 
 
 def make_traversable(path: Path) -> None:

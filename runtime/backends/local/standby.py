@@ -28,10 +28,18 @@ keeps a few rank processes per host that have already paid for that and wait for
 What a fresh rank gets and a standby cannot take over is refused, and the supervisor starts a fresh
 process as before: an environment that differs in a variable read at interpreter or torch start-up
 (only ``LATE_ENV`` may differ: the job's own folders and ids, the store's credentials; a job's own
-``workload.env`` therefore means fresh ranks), another Python, a rank that runs as the job's own user
-(the sandbox: ``setpriv`` must drop privileges before the interpreter starts) or inside a network
-namespace (``link_shaping`` netns). A pool with no ready standby refuses too. The supervisor decides
-which ranks may ask (``supervisor.spawn``).
+``workload.env`` therefore means fresh ranks), another Python, or a rank inside a network namespace
+(``link_shaping`` netns). A pool with no ready standby refuses too. The supervisor decides which ranks
+may ask (``supervisor.spawn``).
+
+A rank of the tenant's own code runs as the job's own user (the sandbox). Fresh, ``setpriv`` drops to
+it before the interpreter starts; warm, the claim names the user and the standby drops to it after
+taking the rank over and before the module runs (``sandbox.drop_to``: no supplementary groups, real,
+effective and saved ids switched, so root and its capabilities cannot come back, no new privileges;
+the parent-death signal, which the switch clears, set again). The pool refuses any user but one the
+sandbox hands out (``sandbox.is_job_identity``): a claim never makes a standby root or a login user.
+The standby has closed every descriptor of the pool's by then (its socket, lock, log and the other
+standbys' connections).
 
 A claimed rank stays the pool's child (a process cannot be handed to another parent): the pool reaps
 it and writes ``exit CODE`` on the claim's connection, which the supervisor keeps open and reads
@@ -69,6 +77,7 @@ from typing import Any
 
 from runtime.backends.local.files import atomic_write_json, read_json
 from runtime.backends.local.procs import die_with_parent, pid_alive, signal_pid
+from runtime.backends.local.sandbox import RunAs, drop_to, is_job_identity
 
 SOCKET_NAME = "pool.sock"
 STATE_FILE = "pool.json"
@@ -228,14 +237,18 @@ def claim(
     stdout: int,
     stderr: int,
     timeout_s: float = HANDOFF_TIMEOUT_S,
+    run_as: RunAs | None = None,
 ) -> tuple[StandbyProc | None, str]:
-    """Run ``python -m module *args`` in a warm standby: (its process, "") or (None, why not)."""
+    """Run ``python -m module *args`` in a warm standby: (its process, "") or (None, why not).
+    With ``run_as``, the standby becomes the job's user before the module starts (``sandbox.drop_to``)."""
     path = socket_path(pool_dir)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout_s)
         sock.connect(str(path))
         request = {"python": python, "module": module, "args": list(args), "env": dict(env), "cwd": str(cwd)}
+        if run_as is not None:
+            request["run_as"] = run_as.to_json()
         _send(sock, request, [stdout, stderr])
         answer, _ = _recv(sock)
     except (OSError, ValueError) as exc:
@@ -484,6 +497,11 @@ class Pool:
         mismatch = env_mismatch(self.startup_env, env)
         if mismatch:
             return {"error": f"the rank's environment differs in {', '.join(mismatch[:5])}"}
+        run_as = request.get("run_as")
+        if run_as is not None and not (
+            isinstance(run_as, dict) and is_job_identity(run_as.get("uid"), run_as.get("gid"))
+        ):
+            return {"error": f"a standby runs as a job's own user only, not {run_as!r}"}
         if not self.standbys:
             return {"error": self.note or "no standby is ready"}
         started_at, pid = min((s.started_at, pid) for pid, s in self.standbys.items())
@@ -492,7 +510,8 @@ class Pool:
         self.last_claim = time.monotonic()
         try:
             standby.sock.settimeout(HANDOFF_TIMEOUT_S)
-            _send(standby.sock, {"module": module, "args": args, "env": {**self.warm_env, **env}, "cwd": cwd}, fds)
+            handed = {"module": module, "args": args, "env": {**self.warm_env, **env}, "cwd": cwd, "run_as": run_as}
+            _send(standby.sock, handed, fds)
             answer, _ = _recv(standby.sock)
         except (OSError, ValueError) as exc:
             answer = {"error": f"the standby did not take the rank: {exc}"}
@@ -572,6 +591,7 @@ def _warm() -> None:
 def serve(sock: socket.socket) -> int:
     """A standby's life: wait for a rank, take it over, run it. Returns its exit code."""
     startup_dir = os.getcwd()
+    pool_pid = os.getppid()
     try:
         request, fds = _recv(sock, max_fds=2)
     except (OSError, ValueError) as exc:
@@ -597,6 +617,16 @@ def serve(sock: socket.socket) -> int:
     os.dup2(fds[1], 2)
     for extra in fds:
         os.close(extra)
+    run_as = request.get("run_as")
+    if isinstance(run_as, dict):
+        # The job's own code runs next: become its user now, as setpriv does for a fresh rank. The
+        # pool checked the identity; the switch clears the parent-death signal, so it is set again.
+        try:
+            drop_to(RunAs(int(run_as["uid"]), int(run_as["gid"])))
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            _send(sock, {"error": f"cannot become the job's user {run_as}: {exc}"})
+            return 1
+        die_with_parent(pool_pid)
     os.environ.clear()
     os.environ.update(env)
     # python -m put the start-up folder first on sys.path; a fresh rank has its working folder there.

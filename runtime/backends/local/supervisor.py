@@ -394,9 +394,9 @@ class Supervisor:
         # The tenant's code starts in its unpacked bundle, where its relative paths point.
         code = self.run_dir / "work" / "code"
         cwd = code if code.is_dir() else self.run_dir
-        # A standby cannot drop to the job's user (setpriv acts before the interpreter starts) nor
-        # enter a network namespace: those ranks always start fresh.
-        warm = self.standby_dir is not None and self.run_as is None and self.fabric is None
+        # A standby cannot enter a network namespace: those ranks always start fresh. The job's own
+        # user it can become (it drops to it, as setpriv does for a fresh rank, before the rank starts).
+        warm = self.standby_dir is not None and self.fabric is None
         notes: list[str] = []
         for r in self.ranks:
             argv = sandbox.wrap(r.argv, self.run_as) if self.run_as is not None else r.argv
@@ -405,7 +405,7 @@ class Supervisor:
             with r.output.pipes() as (stdout, stderr):
                 r.spawned_at = time.time()
                 if warm:
-                    proc, why = self._claim(argv, stdout, stderr, env, cwd)
+                    proc, why = self._claim(r.argv, stdout, stderr, env, cwd, self.run_as)
                     if proc is not None:
                         r.proc = proc
                         continue
@@ -415,12 +415,19 @@ class Supervisor:
             self.standby_note = "; ".join(filter(None, (self.standby_note, "started fresh: " + "; ".join(notes))))
 
     def _claim(
-        self, argv: list[str], stdout: int, stderr: int, env: dict[str, str], cwd: Path
+        self,
+        argv: list[str],
+        stdout: int,
+        stderr: int,
+        env: dict[str, str],
+        cwd: Path,
+        run_as: sandbox.RunAs | None = None,
     ) -> tuple[standby.StandbyProc | None, str]:
-        """``argv`` ([python, "-m", module, *arguments]) run in one of the host's warm standbys."""
+        """``argv`` ([python, "-m", module, *arguments]) run in one of the host's warm standbys, as
+        ``run_as`` when given."""
         if self.standby_dir is None or argv[1:2] != ["-m"]:
             return None, "no standby pool"
-        return standby.claim(self.standby_dir, argv[0], argv[2], argv[3:], env, cwd, stdout, stderr)
+        return standby.claim(self.standby_dir, argv[0], argv[2], argv[3:], env, cwd, stdout, stderr, run_as=run_as)
 
     def _start(
         self, argv: list[str], stdout: int, stderr: int, env: dict[str, str], cwd: Path | None = None
