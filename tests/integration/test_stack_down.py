@@ -33,9 +33,11 @@ def test_down_stops_the_jobs_the_stack_started(tenants, pool, tmp_path):
         if not processes_mentioning(str(tmp_path / "runs")):
             job = api.get(f"/api/v1/jobs/{job_id}").json()
             events = list(JobEvent.objects.filter(job_id=job_id).order_by("pk").values_list("kind", "message"))
+            worker_log = (tmp_path / "log" / "worker.log").read_text(errors="replace").splitlines()
             raise AssertionError(
                 f"the job never started: {job['state']} ({job['pending_reason'] or job['failure_reason']}); "
-                f"events {events}; runs {sorted(p.name for p in (tmp_path / 'runs').glob('*'))}"
+                f"events {events}; runs {sorted(p.name for p in (tmp_path / 'runs').glob('*'))}; "
+                f"the worker's last lines: {worker_log[-20:]}"
             )
     finally:
         left = stack_down(env)
