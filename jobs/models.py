@@ -224,6 +224,9 @@ class JobAttempt(models.Model):
     # The device count that stop asked the next attempt to run on (an elastic resize); null: as many
     # as its spec and its tenant's quota allow, as after any other move.
     resize_to = models.PositiveIntegerField(null=True, blank=True)
+    # The flavors an elastic round moved the job to (the next attempt is placed on them when they are
+    # free then, on any of the job's flavors otherwise); null: the job's own order.
+    resize_flavors = models.JSONField(null=True, blank=True)
     stop_asked_at = models.DateTimeField(null=True, blank=True)
     # Set once the backend confirmed that nothing of the run is left; until then the sweep keeps
     # asking it to tear down (a lost teardown message must not leave work running).

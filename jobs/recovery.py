@@ -393,42 +393,47 @@ def _reallocate(job: TrainingJob, previous: tuple[FreeDevice, ...], failed: froz
     """Give a RECOVERING job its next devices and launch it; or leave it waiting, with the reason.
     The count that the attempt before asked for when it was asked to move (an elastic resize,
     ``request_move(resize_to=)``) is the most it is given, within its range, however that attempt ended
-    and however often the placement is tried again.
+    and however often the placement is tried again; the flavors it was moved to (``resize_flavors``)
+    are tried first, and the job's own flavors when those are not free any more.
 
     Runs in the caller's transaction, under the admission lock."""
     spec = job.job_spec
     min_devices = spec.min_devices or spec.devices
-    asked = JobAttempt.objects.filter(job_id=job.pk, number=job.attempt - 1).values_list("resize_to", flat=True)
-    resize_to = asked.first()
+    asked = JobAttempt.objects.filter(job_id=job.pk, number=job.attempt - 1).values_list("resize_to", "resize_flavors")
+    resize_to, resize_flavors = asked.first() or (None, None)
     devices = spec.devices if resize_to is None else max(min_devices, min(spec.devices, resize_to))
     ledger, rates = quota_ledger({job.job_class})
     pool_free = free_devices()
-    free = _within_quota(pool_free, previous, spec.flavors, lambda f: ledger.headroom(job.tenant_id, f))
-    plan = plan_restart(
-        RestartRequest(
-            devices=devices, min_devices=min_devices, flavors=spec.flavors, previous=previous, failed=failed
-        ),
-        free,
-        distance=pool_fabric().hops,
-    )
-    refused = None
-    # The per-flavor cut above cannot see the NAU quota: give a device back until that fits too.
-    while plan is not None and (refused := ledger.fits(job.tenant_id, charge(job.job_class, plan.devices, rates))):
-        fewer = len(plan.devices) - 1
-        plan = None
-        if fewer >= min_devices:
-            plan = plan_restart(
-                RestartRequest(
-                    devices=fewer, min_devices=min_devices, flavors=spec.flavors, previous=previous, failed=failed
-                ),
-                free,
-                distance=pool_fabric().hops,
+
+    def place(flavors: tuple[str, ...]) -> tuple[RestartPlan | None, str | None, int]:
+        """The plan on ``flavors``; the NAU quota's refusal when it cut the plan away; the devices within quota."""
+        free = _within_quota(pool_free, previous, flavors, lambda f: ledger.headroom(job.tenant_id, f))
+        count, refused = devices, None
+        # The per-flavor cut above cannot see the NAU quota: give a device back until that fits too.
+        while count >= min_devices:
+            request = RestartRequest(
+                devices=count, min_devices=min_devices, flavors=flavors, previous=previous, failed=failed
             )
+            plan = plan_restart(request, free, distance=pool_fabric().hops)
+            if plan is None:
+                break
+            refused = ledger.fits(job.tenant_id, charge(job.job_class, plan.devices, rates))
+            if not refused:
+                return plan, None, len(free)
+            count = len(plan.devices) - 1
+        return None, refused, len(free)
+
+    plan = None
+    moved_to = tuple(f for f in resize_flavors or () if f in spec.flavors)
+    if moved_to:
+        plan, _, _ = place(moved_to)
+    if plan is None:
+        plan, refused, within = place(spec.flavors)
     if plan is None:
         usable = sum(1 for d in pool_free if d.flavor in spec.flavors)
         waiting = f"waiting for devices: needs at least {min_devices} of {', '.join(spec.flavors)}; {usable} free"
-        if refused or len(free) < usable:
-            waiting += f", {len(free)} of them within the tenant's quota" + (f" ({refused})" if refused else "")
+        if refused or within < usable:
+            waiting += f", {within} of them within the tenant's quota" + (f" ({refused})" if refused else "")
         waiting = waiting[:500]
         if job.pending_reason != waiting:
             TrainingJob.objects.filter(pk=job.pk).update(pending_reason=waiting)
@@ -514,10 +519,12 @@ def retry_recovering(job_id: int) -> bool:
 # --- moving healthy jobs ------------------------------------------------------------------------
 
 
-def request_move(job_id: int, reason: str, *, resize_to: int | None = None) -> bool:
+def request_move(
+    job_id: int, reason: str, *, resize_to: int | None = None, resize_flavors: Sequence[str] | None = None
+) -> bool:
     """Ask a running job to checkpoint and stop so that it can move (a drain, growing back, a
-    predicted failure, an elastic resize to ``resize_to`` devices). False when it is not running or
-    already asked."""
+    predicted failure, an elastic resize to ``resize_to`` devices, on ``resize_flavors`` when the round
+    moves it to other chips). False when it is not running or already asked."""
     with transaction.atomic():
         job = locks.job(job_id)
         if job is None or job.state != JobState.RUNNING:
@@ -527,12 +534,16 @@ def request_move(job_id: int, reason: str, *, resize_to: int | None = None) -> b
             return False
         run.stop_requested = reason[:300]
         run.resize_to = resize_to
-        run.save(update_fields=["stop_requested", "resize_to"])
+        run.resize_flavors = list(resize_flavors) if resize_flavors else None
+        run.save(update_fields=["stop_requested", "resize_to", "resize_flavors"])
+        asked: dict[str, object] = {"resize_to": resize_to} if resize_to else {}
+        if resize_flavors:
+            asked["resize_flavors"] = list(resize_flavors)
         transitions.record_event(
             job,
             kind=JobEvent.Kind.RECOVERY,
             message=f"asked to checkpoint and move: {reason}",
-            data={"stop_requested": reason[:300], **({"resize_to": resize_to} if resize_to else {})},
+            data={"stop_requested": reason[:300], **asked},
         )
         handle = run.backend_handle
         transaction.on_commit(lambda: get_backend().request_stop(handle, reason), robust=True)

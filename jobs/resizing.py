@@ -12,8 +12,11 @@ next attempt placed on the new count, restored, re-split):
 - a job it gives more grows into devices free now and within its tenant's quota (a grow that would break
   a quota is cut to what the quota has room for, and not made when nothing is left of it).
 
-Deliberately left out: the round changes counts, not flavors (the restart planner chooses the devices, the
-job's own first); it never evicts (a running job that the policy would stop runs on its minimum instead;
+- a job it gives other chips (another flavor of its spec, or a mix) moves to them when every device it
+  adds is free now and within quota; the next attempt is placed on those flavors (the restart planner
+  keeps what the job holds of them), or on any of its flavors if they were taken meanwhile.
+
+Deliberately left out: it never evicts (a running job that the policy would stop runs on its minimum instead;
 eviction is admission's, with its priorities and reclaim); a queued job counts only when its tenant's
 quota has room to start it (shrinking for a job that may not start would free devices for nobody); and
 non-elastic jobs are left as they are.
@@ -50,12 +53,14 @@ QUEUE_HEADS = 256
 
 @dataclass(frozen=True)
 class Resize:
-    """One running elastic job's new device count for the round, and why."""
+    """One running elastic job's new device count for the round (and the flavors it moves to, when the
+    round moves it to other chips), and why."""
 
     job_id: int
     current: int
     target: int
     reason: str
+    flavors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ def elastic_round() -> list[Resize]:
     """Plan the round and ask each job it resizes to move; returns the resizes asked for."""
     asked = []
     for resize in plan_round():
-        if request_move(resize.job_id, resize.reason, resize_to=resize.target):
+        if request_move(resize.job_id, resize.reason, resize_to=resize.target, resize_flavors=resize.flavors):
             asked.append(resize)
             log.info("job %s: %s", resize.job_id, resize.reason)
     return asked
@@ -207,6 +212,11 @@ def _resizes(
                 out.append(Resize(job_id, current, target, reason))
             continue
         tenant_id, grown = r.job.tenant_id, current
+        if config is not None and config.devices >= current and dict(config.counts) != dict(r.held.counts):
+            moved = _move(job_id, r, config, free, granted, ledger, cost_s)
+            if moved is not None:
+                out.append(moved)
+                continue
         for flavor in spec.flavors:
             headroom = ledger.headroom(tenant_id, flavor)
             room = free[flavor] if headroom is None else min(free[flavor], headroom - granted[(tenant_id, flavor)])
@@ -221,3 +231,35 @@ def _resizes(
             )
             out.append(Resize(job_id, current, grown, reason))
     return out
+
+
+def _move(
+    job_id: int,
+    r: _Running,
+    config: Config,
+    free: Counter[str],
+    granted: Counter[tuple[int, str]],
+    ledger: QuotaLedger,
+    cost_s: float,
+) -> Resize | None:
+    """The job moved to the policy's chips (``config``: another flavor, or a mix), when every device it
+    adds is free now and within its tenant's quota; it keeps those it holds of the same flavors. None
+    when one is missing (the count alone may still grow). Takes what it adds from ``free`` and ``granted``."""
+    held = dict(r.held.counts)
+    adds = {flavor: n - held.get(flavor, 0) for flavor, n in config.counts if n > held.get(flavor, 0)}
+    tenant_id = r.job.tenant_id
+    for flavor, n in adds.items():
+        headroom = ledger.headroom(tenant_id, flavor)
+        room = free[flavor] if headroom is None else min(free[flavor], headroom - granted[(tenant_id, flavor)])
+        if flavor not in r.spec.flavors or room < n:
+            return None
+    for flavor, n in adds.items():
+        free[flavor] -= n
+        granted[(tenant_id, flavor)] += n
+    before = " + ".join(f"{n} {flavor}" for flavor, n in r.held.counts)
+    after = " + ".join(f"{n} {flavor}" for flavor, n in config.counts)
+    reason = (
+        f"elastic round: moving from {before} to {after}, free and within quota; the faster steps repay the "
+        f"{cost_s:.0f} s move within the round"
+    )
+    return Resize(job_id, r.held.devices, config.devices, reason, tuple(flavor for flavor, _ in config.counts))

@@ -25,16 +25,32 @@ def _only_device_quota(tenant, nominal: int) -> None:
     quota(tenant, NPU, nominal, 0)
 
 
-def _running(tenant, *, devices: int, min_devices: int, held: int, elastic: bool = True, steps: int = 100_000):
-    spec = {"name": "elastic", "devices": devices, "min_devices": min_devices, "elastic": elastic, "flavors": [NPU]}
+def _running(
+    tenant,
+    *,
+    devices: int,
+    min_devices: int,
+    held: int,
+    elastic: bool = True,
+    steps: int = 100_000,
+    flavors: tuple[str, ...] = (NPU,),
+):
+    """A running job holding ``held`` devices of its first flavor."""
+    spec = {
+        "name": "elastic",
+        "devices": devices,
+        "min_devices": min_devices,
+        "elastic": elastic,
+        "flavors": list(flavors),
+    }
     job = TrainingJob.objects.create(
         tenant_id=tenant.id, name="elastic", spec=spec, state=JobState.RUNNING, total_steps=steps
     )
     JobAttempt.objects.create(job=job, number=0, backend_handle={"run": job.pk})
     now = timezone.now()
-    for rank, device in enumerate(Device.objects.filter(flavor__name=NPU).order_by("device_id")[:held]):
+    for rank, device in enumerate(Device.objects.filter(flavor__name=flavors[0]).order_by("device_id")[:held]):
         Allocation.objects.create(job=job, device=device, rank=rank, started_at=now)
-    TrainingJob.objects.filter(pk=job.pk).update(demand={NPU: held}, admitted_at=now)
+    TrainingJob.objects.filter(pk=job.pk).update(demand={flavors[0]: held}, admitted_at=now)
     return job
 
 
@@ -158,3 +174,63 @@ def test_the_sweep_leaves_a_shrunk_elastic_job_to_the_round_and_grows_back_only_
     assert recovery.shrunk_job_ids() == []
     settings.POLYCHIP_ELASTIC_ROUND_S = 0  # no round: growing back is the sweep's again
     assert recovery.shrunk_job_ids() == [elastic.pk]
+
+
+A100, H100 = "a100-sxm", "h100-sxm"  # two of each in the test pool; an H100 about three times as fast
+
+
+def _on_a100s_that_may_move_to_h100s(tenant):
+    Quota.objects.filter(tenant_id=tenant.id, resource=NAU_RESOURCE).delete()
+    quota(tenant, A100, 2, 0)
+    quota(tenant, H100, 2, 0)
+    return _running(tenant, devices=2, min_devices=1, held=2, flavors=(A100, H100))
+
+
+def _held_flavors(job) -> list[str]:
+    rows = job.allocations.filter(ended_at__isnull=True).values_list("device__flavor__name", flat=True)
+    return sorted(rows)
+
+
+def test_an_elastic_job_moves_to_faster_free_chips_of_its_spec_and_the_move_lands_on_them(
+    pool, tenants, stops, sent, monkeypatch
+):
+    acme = tenants[0]
+    job = _on_a100s_that_may_move_to_h100s(acme)
+
+    [resize] = resizing.elastic_round()
+
+    assert (resize.job_id, resize.current, resize.target, resize.flavors) == (job.pk, 2, 2, (H100,))
+    assert resize.reason.startswith(f"elastic round: moving from 2 {A100} to 2 {H100}, free and within quota")
+    assert stops == [({"run": job.pk}, resize.reason)]
+    run = JobAttempt.objects.get(job=job, number=0)
+    assert (run.resize_to, run.resize_flavors) == (2, [H100])
+    assert JobEvent.objects.get(job=job, kind=JobEvent.Kind.RECOVERY).data["resize_flavors"] == [H100]
+
+    monkeypatch.setattr(recovery, "_teardown", lambda run: True)
+    assert recovery.handle_stop(job.pk, 0) == JobState.ADMITTED
+    job.refresh_from_db()
+    assert (job.attempt, _held_flavors(job)) == (1, [H100, H100])
+
+
+def test_a_move_whose_chips_were_taken_meanwhile_lands_on_the_jobs_other_flavors(pool, tenants, stops, monkeypatch):
+    acme, globex = tenants[0], tenants[1]
+    job = _on_a100s_that_may_move_to_h100s(acme)
+    [resize] = resizing.elastic_round()
+    assert resize.flavors == (H100,)
+    # Before the ranks stopped, another job took both H100s.
+    other = _running(globex, devices=2, min_devices=2, held=2, elastic=False, flavors=(H100,))
+    assert _held_flavors(other) == [H100, H100]
+
+    monkeypatch.setattr(recovery, "_teardown", lambda run: True)
+    assert recovery.handle_stop(job.pk, 0) == JobState.ADMITTED
+    job.refresh_from_db()
+    assert (job.attempt, _held_flavors(job)) == (1, [A100, A100])  # its own, free again
+
+
+def test_no_move_to_chips_its_tenant_has_no_quota_for(pool, tenants, stops):
+    acme = tenants[0]
+    _on_a100s_that_may_move_to_h100s(acme)
+    quota(acme, H100, 1, 0)  # room for one H100: the move to two is not made
+
+    assert all(resize.flavors != (H100,) for resize in resizing.elastic_round())
+    assert all(reason.find(f"to 2 {H100}") < 0 for _, reason in stops)
