@@ -84,7 +84,7 @@ FINAL = {"succeeded", "failed", "cancelled"}
 # --- 1. kill trials through the control plane ---------------------------------------------------
 
 
-def _wait(predicate: Any, timeout_s: float, what: str) -> Any:
+def _wait(predicate: Any, timeout_s: float, what: str, every_s: float = 0.02) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
@@ -92,7 +92,7 @@ def _wait(predicate: Any, timeout_s: float, what: str) -> Any:
             return value
         if time.monotonic() > deadline:
             raise SystemExit(f"bench: {what} did not happen within {timeout_s:.0f} s")
-        time.sleep(0.02)
+        time.sleep(every_s)
 
 
 def _run_dirs(runs: Path, job_id: int) -> list[Path]:
@@ -122,7 +122,10 @@ def _last_step(run_dir: Path) -> int:
 
 
 def _finish(client: Client, job_id: int, timeout_s: float = 300) -> dict[str, Any]:
-    return _wait(lambda: (job := client.job(job_id))["state"] in FINAL and job, timeout_s, f"job {job_id} ending")
+    # Through the API: 4 requests a second, well inside a token's rate limit (POLYCHIP_RATE_PER_TOKEN, 20/s).
+    return _wait(
+        lambda: (job := client.job(job_id))["state"] in FINAL and job, timeout_s, f"job {job_id} ending", every_s=0.25
+    )
 
 
 def kill_trials(trials: int) -> dict[str, Any]:

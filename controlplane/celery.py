@@ -80,18 +80,22 @@ def _keep_database_connections(**_: Any) -> None:
 
     if settings.POLYCHIP_WORKER_DB_CONN_MAX_AGE:
         for connection in connections.all():
+            if connection.settings_dict.get("OPTIONS", {}).get("pool"):
+                continue  # a pool keeps connections itself (and refuses a maximum age)
             connection.settings_dict["CONN_MAX_AGE"] = settings.POLYCHIP_WORKER_DB_CONN_MAX_AGE
             connection.settings_dict["CONN_HEALTH_CHECKS"] = True
 
 
 @task_prerun.connect
 @task_postrun.connect
-def _drop_broken_or_old_connections(**_: Any) -> None:
+def _drop_broken_or_old_connections(sender: Any = None, **_: Any) -> None:
     """Around each task, as Django does around each request: a kept connection that broke (a
-    database restart, a failover) or outlived its age is closed, and the next query opens a new one."""
+    database restart, a failover) or outlived its age is closed, and the next query opens a new one.
+    Not around a task run eagerly: it runs inside its caller, maybe in the caller's transaction."""
     from django.db import close_old_connections
 
-    close_old_connections()
+    if not getattr(getattr(sender, "request", None), "is_eager", False):
+        close_old_connections()
 
 
 @worker_ready.connect

@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -345,6 +345,12 @@ def admit(requested_at: float | None = None) -> list[int]:
             return admitted
 
 
+# The clocks of the requester's host and the worker's may disagree by this much: a request is served only
+# by a cycle that read its snapshot this long after it was sent. A larger error delays a decision until
+# the sweep's next cycle (a second), and loses nothing.
+SERVED_SLACK = timedelta(milliseconds=50)
+
+
 def _waiting_and_unserved(requested_at: float | None) -> bool:
     """Whether a job waits in the queue and, for a request sent at ``requested_at``, no cycle that
     read its snapshot at or after then has committed yet. One indexed read: the sweep asks every second."""
@@ -360,7 +366,7 @@ def _waiting_and_unserved(requested_at: float | None) -> bool:
         sent = datetime.fromtimestamp(requested_at, tz=UTC)
     except (TypeError, ValueError, OverflowError, OSError):  # from the broker: a stamp that is no time asks for a cycle
         return True
-    return served_at is None or served_at < sent
+    return served_at is None or served_at < sent + SERVED_SLACK
 
 
 # Called after each cycle commits, with its report (benchmarks and metrics listen here).

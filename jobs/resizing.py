@@ -212,7 +212,7 @@ def _resizes(
                 out.append(Resize(job_id, current, target, reason))
             continue
         tenant_id, grown = r.job.tenant_id, current
-        if config is not None and config.devices >= current and dict(config.counts) != dict(r.held.counts):
+        if config is not None and config.devices >= current and _moves_flavors(r.held, config):
             moved = _move(job_id, r, config, free, granted, ledger, cost_s)
             if moved is not None:
                 out.append(moved)
@@ -231,6 +231,15 @@ def _resizes(
             )
             out.append(Resize(job_id, current, grown, reason))
     return out
+
+
+def _moves_flavors(held: Config, config: Config) -> bool:
+    """Whether ``config`` puts the job on other flavors and keeps each flavor it holds whole or leaves it:
+    the next attempt keeps every device it holds of a flavor it may use (``plan_restart``), so a move
+    that kept part of a flavor would land back where it was, and be proposed again every round."""
+    target = dict(config.counts)
+    changes = {flavor for flavor, _ in config.counts} != {flavor for flavor, _ in held.counts}
+    return changes and all(target.get(flavor, 0) in (0, n) or target[flavor] > n for flavor, n in held.counts)
 
 
 def _move(

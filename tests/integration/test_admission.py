@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 from billing.models import UsageRecord
 from controlplane.domain import Invalid
 from jobs import services, transitions
+from jobs.admission import SERVED_SLACK
 from jobs.models import Allocation, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
 from tenants.models import Cohort, Quota, Tenant
@@ -308,21 +309,24 @@ def test_a_request_for_admission_is_served_by_any_cycle_that_read_its_snapshot_l
     the rest served by it (one read each), rather than running a cycle per request."""
     acme = lab[0]
     quota(acme, "ascend-910b", 4)
+    waiting = submit(acme, 8, name="too big", wait=True)  # never admitted: the queue is never empty below
 
     first = submit(acme, 1, name="first")
     sent_at = time.time()  # as jobs.dispatch.send stamps it, after the submit committed
+    time.sleep(SERVED_SLACK.total_seconds() + 0.01)  # the cycle below reads its snapshot past the clocks' slack
     assert services.admit_queued_jobs(sent_at) == [first]
     assert len(cycles) == 1 and first in cycles[0].decided
 
-    assert services.admit_queued_jobs(sent_at) == []  # served by that cycle: none runs
+    assert services.admit_queued_jobs(sent_at) == []  # served by that cycle: none runs, though a job waits
     second = submit(acme, 1, name="second")
     assert services.admit_queued_jobs(sent_at) == []  # an old request does not see the new job...
     assert len(cycles) == 1
     assert services.admit_queued_jobs(time.time()) == [second]  # ...its own request does
     assert len(cycles) == 2
+    # Sent as the last cycle read its snapshot (within the clocks' slack of it): not served, a cycle runs.
+    assert services.admit_queued_jobs(cycles[-1].snapshot_at.timestamp()) == [] and len(cycles) == 3
 
-    third = submit(acme, 8, name="too big", wait=True)  # waits: the queue is never empty below
     assert services.admit_queued_jobs(None) == []  # beat's request: always a cycle
     for not_a_time in (float("nan"), float("inf"), "yesterday"):  # from the broker: a cycle, not an error
         assert services.admit_queued_jobs(not_a_time) == []
-    assert len(cycles) == 6 and all(third in c.decided for c in cycles[2:])
+    assert len(cycles) == 7 and all(waiting in c.decided for c in cycles)

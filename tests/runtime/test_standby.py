@@ -114,10 +114,26 @@ def test_a_standby_that_dies_is_replaced(pool: tuple[Path, LocalBackend]) -> Non
     assert int(standby_module.pool_state(pool_dir)["replaced"]) == replaced + 1
 
 
-def test_ranks_in_a_network_namespace_never_use_a_standby(make_backend: Callable[..., LocalBackend]) -> None:
+def test_ranks_in_a_network_namespace_or_with_variables_of_their_job_never_use_a_standby(
+    make_backend: Callable[..., LocalBackend], tmp_path: Path
+) -> None:
+    """A job's own variables (its keys, say) must never pass through the pool, whose memory every later
+    standby copies, on their way to another tenant's rank."""
     backend = make_backend(standby_ranks=2)
-    assert not backend._standby_usable(LinkEmulation("netns", 1.0))
+    plain = _request("plain", 2, tmp_path, CheckpointSpec())
+    with_env = _request("keys", 2, tmp_path, CheckpointSpec(), env={"API_KEY": "tenant-secret"})
+    assert not backend._standby_usable(plain, LinkEmulation("netns", 1.0))
+    assert not backend._standby_usable(with_env, LinkEmulation())
     assert not standby_module.pool_running(backend.standby_dir)  # and no pool was started for them
+
+
+def test_a_claim_as_a_jobs_user_goes_only_to_a_pool_that_says_it_honours_one(tmp_path: Path) -> None:
+    # A pool of an earlier version ignores the user and would run the rank as root.
+    (tmp_path / standby_module.STATE_FILE).write_text(json.dumps({"pid": 1, "standbys": []}))
+    proc, why = standby_module.claim(
+        tmp_path, "python", "runtime.backends.local.rank", [], {}, tmp_path, 1, 2, run_as=RunAs(2_000_001, 2_000_001)
+    )
+    assert proc is None and "cannot run a rank as the job's user" in why
 
 
 @pytest.mark.parametrize("run_as", [RunAs(0, 0), RunAs(1000, 1000), RunAs(2_000_001, 0)], ids=str)

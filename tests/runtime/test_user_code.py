@@ -22,6 +22,7 @@ import torch
 from runtime.backends.base import LaunchRequest, Phase, RankPlacement
 from runtime.backends.local import LocalBackend
 from runtime.backends.local import standby as standby_module
+from runtime.backends.local.procs import pid_alive
 from runtime.backends.local.sandbox import unavailable_reason
 from runtime.jobspec import CheckpointSpec, WorkloadSpec
 from runtime.recovery.store import LocalStore
@@ -271,3 +272,40 @@ def test_user_code_cannot_read_the_control_planes_secrets_or_other_jobs_runs(
         assert found[name] == "refused", (name, found[name])
     assert "DATABASE_URL" not in found["env"] and "DJANGO_SECRET_KEY" not in found["env"]
     assert {"POLYCHIP_JOB_ID", "HOME"} <= set(found["env"])
+
+
+DEAF = """
+import os, signal, time
+from pathlib import Path
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # deaf to the polite request
+Path(os.environ["POLYCHIP_ARTIFACTS_DIR"], "started").write_text(str(os.getpid()))
+while True:
+    time.sleep(1)
+"""
+
+
+@needs_sandbox
+def test_a_warm_rank_of_user_code_that_ignores_sigterm_is_killed_once_its_supervisor_is_gone(
+    make_backend: Callable[..., LocalBackend], tmp_path: Path
+) -> None:
+    """The pool passes a dead supervisor's SIGTERM on to its claimed rank, as a fresh rank gets it from
+    the parent-death signal; the tenant's code may ignore it, so the pool kills it after a grace."""
+    backend = LocalBackend(tmp_path / "runs", make_backend().profiles, sample_time_ms=0.1, standby_ranks=2)
+    standby_module.start_pool(backend.standby_dir, 2, backend.python, backend.standby_env())
+    ready = lambda: len(standby_module.pool_state(backend.standby_dir).get("standbys", [])) >= 2  # noqa: E731
+    assert wait_for(ready, timeout_s=120), standby_module.pool_state(backend.standby_dir)
+    bundle = make_bundle(tmp_path / "bundle", {"deaf.py": DEAF})
+    request = user_request("deaf", tmp_path, bundle, entrypoint="deaf.py", flavors=("h100-sxm",))
+    handle = backend.provision(request)
+    try:
+        started = Path(request.artifacts_dir) / "started"
+        assert wait_for(started.exists, timeout_s=60)
+        status = json.loads((Path(handle["run_dir"]) / "status.json").read_text())
+        [rank] = status["ranks"]
+        assert rank.get("standby"), status
+        os.kill(status["supervisor_pid"], signal.SIGKILL)
+
+        assert wait_for(lambda: not pid_alive(rank["pid"]), timeout_s=standby_module.ORPHAN_GRACE_S + 20)
+    finally:
+        backend.teardown(handle)
+        backend.stop_standby()

@@ -320,7 +320,7 @@ class LocalBackend:
                 "link": link.to_json(),
                 "link_note": link_note,
                 **({"fabric": fabric.to_json()} if fabric is not None else {}),
-                **({"standby": {"dir": str(self.standby_dir)}} if self._standby_usable(link) else {}),
+                **({"standby": {"dir": str(self.standby_dir)}} if self._standby_usable(request, link) else {}),
                 "ranks": entries,
             },
         )
@@ -328,11 +328,14 @@ class LocalBackend:
         if run_as is not None:
             self._hand_over(request, run_dir, work_dir, run_as)
 
-    def _standby_usable(self, link: LinkEmulation) -> bool:
+    def _standby_usable(self, request: LaunchRequest, link: LinkEmulation) -> bool:
         """Whether this launch's ranks may be handed to warm standbys, starting the host's pool if
-        it is not running. Ranks in a network namespace may not; ranks of the job's own user may
-        (the standby becomes that user before the rank starts: ``sandbox.drop_to``)."""
-        if self.standby_ranks <= 0 or link.mode == "netns":
+        it is not running. Ranks in a network namespace may not. Nor may a job with variables of its
+        own (``workload.env``): a claim carries the rank's environment to the pool, whose memory every
+        later standby copies, and a tenant's values (its keys, say) must never reach another tenant's
+        rank that way. Ranks of the job's own user may (the standby becomes that user before the rank
+        starts: ``sandbox.drop_to``)."""
+        if self.standby_ranks <= 0 or link.mode == "netns" or request.workload.env:
             return False
         if standby_module.unavailable_reason(self.standby_dir) is not None:
             return False

@@ -36,10 +36,15 @@ A rank of the tenant's own code runs as the job's own user (the sandbox). Fresh,
 it before the interpreter starts; warm, the claim names the user and the standby drops to it after
 taking the rank over and before the module runs (``sandbox.drop_to``: no supplementary groups, real,
 effective and saved ids switched, so root and its capabilities cannot come back, no new privileges;
-the parent-death signal, which the switch clears, set again). The pool refuses any user but one the
-sandbox hands out (``sandbox.is_job_identity``): a claim never makes a standby root or a login user.
-The standby has closed every descriptor of the pool's by then (its socket, lock, log and the other
-standbys' connections).
+the parent-death signal, which the switch clears, set again), and checks that it is that user before
+it answers. The pool refuses any user but one the sandbox hands out (``sandbox.is_job_identity``): a
+claim never makes a standby root or a login user; and it says in its state that it honours a user
+(``runs_as_job_user``), since a pool of an earlier version would ignore one: ``claim`` names a user
+only to a pool that says so. The standby has closed every descriptor of the pool's by then (its
+socket, lock, log and the other standbys' connections). A job with variables of its own never claims
+(``LocalBackend._standby_usable``): the pool's memory, which every later standby copies, must never
+hold one tenant's values on their way to another's rank. A claimed rank whose supervisor is gone gets
+SIGTERM, and SIGKILL ``ORPHAN_GRACE_S`` later if the tenant's code ignored it.
 
 A claimed rank stays the pool's child (a process cannot be handed to another parent): the pool reaps
 it and writes ``exit CODE`` on the claim's connection, which the supervisor keeps open and reads
@@ -106,6 +111,8 @@ MAX_MESSAGE = 4 << 20
 # be read at interpreter or torch start-up, so it must match or the rank starts fresh.
 LATE_ENV = frozenset({"HOME", "POLYCHIP_JOB_ID", "POLYCHIP_ARTIFACTS_DIR", "POLYCHIP_CHECKPOINT_DIR"})
 LATE_ENV_PREFIXES = ("AWS_",)
+# How long a claimed rank whose supervisor is gone has to stop after SIGTERM before SIGKILL.
+ORPHAN_GRACE_S = 5.0
 # A claimed rank whose exit status was lost with its pool: the pool's death sent it SIGTERM.
 LOST_CODE = -signal.SIGTERM
 
@@ -241,6 +248,8 @@ def claim(
 ) -> tuple[StandbyProc | None, str]:
     """Run ``python -m module *args`` in a warm standby: (its process, "") or (None, why not).
     With ``run_as``, the standby becomes the job's user before the module starts (``sandbox.drop_to``)."""
+    if run_as is not None and pool_state(pool_dir).get("runs_as_job_user") is not True:
+        return None, "the pool cannot run a rank as the job's user (an earlier version: it stops with `polychip down`)"
     path = socket_path(pool_dir)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -301,6 +310,7 @@ class _Standby:
 class _Claimed:
     proc: _Child
     client: socket.socket | None = None  # the claimer's connection; None once it hung up
+    kill_at: float | None = None  # when a rank told to stop (its supervisor gone) is killed if still running
 
 
 @dataclass
@@ -363,6 +373,7 @@ class Pool:
             if not path.exists():
                 return  # the folder was removed (a test's, or the runs folder): nobody can claim
             self._reap()
+            self._kill_the_deaf()
             self._replenish()
             if not self.ranks and time.monotonic() - self.last_claim > self.idle_exit_s:
                 return
@@ -449,11 +460,20 @@ class Pool:
                 except OSError:
                     data = b""
                 if not data:
-                    # Its supervisor is gone: the rank follows, as a fresh rank does on its parent's death.
+                    # Its supervisor is gone: the rank follows, as a fresh rank does on its parent's death;
+                    # one that ignores SIGTERM (the tenant's code may) is killed after a grace.
                     signal_pid(pid, signal.SIGTERM)
                     sock.close()
                     rank.client = None
+                    rank.kill_at = time.monotonic() + ORPHAN_GRACE_S
                 return
+
+    def _kill_the_deaf(self) -> None:
+        now = time.monotonic()
+        for pid, rank in self.ranks.items():
+            if rank.kill_at is not None and now >= rank.kill_at and rank.proc.poll() is None:
+                signal_pid(pid, signal.SIGKILL)
+                rank.kill_at = None
 
     def _accept(self, listener: socket.socket) -> None:
         client, _ = listener.accept()
@@ -510,7 +530,12 @@ class Pool:
         self.last_claim = time.monotonic()
         try:
             standby.sock.settimeout(HANDOFF_TIMEOUT_S)
-            handed = {"module": module, "args": args, "env": {**self.warm_env, **env}, "cwd": cwd, "run_as": run_as}
+            warm = dict(self.warm_env)
+            if run_as is not None and "TORCHINDUCTOR_CACHE_DIR" in warm:
+                # Torch's import named a cache folder of the pool's user (root); the job's user gets its
+                # own, in its home, where it may write.
+                warm["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(env.get("HOME", cwd), ".cache", "torchinductor")
+            handed = {"module": module, "args": args, "env": {**warm, **env}, "cwd": cwd, "run_as": run_as}
             _send(standby.sock, handed, fds)
             answer, _ = _recv(standby.sock)
         except (OSError, ValueError) as exc:
@@ -527,6 +552,9 @@ class Pool:
     def _state(self) -> dict[str, object]:
         return {
             "pid": os.getpid(),
+            # A pool of an earlier version would ignore a claim's user and run the rank as root: a
+            # supervisor names a user only to a pool that says it honours one (``claim``).
+            "runs_as_job_user": True,
             "size": self.size,
             "standbys": sorted(
                 ({"pid": pid, "started_at": s.started_at} for pid, s in self.standbys.items()),
@@ -618,11 +646,13 @@ def serve(sock: socket.socket) -> int:
     for extra in fds:
         os.close(extra)
     run_as = request.get("run_as")
-    if isinstance(run_as, dict):
+    if run_as is not None:
         # The job's own code runs next: become its user now, as setpriv does for a fresh rank. The
         # pool checked the identity; the switch clears the parent-death signal, so it is set again.
         try:
             drop_to(RunAs(int(run_as["uid"]), int(run_as["gid"])))
+            if (os.getuid(), os.getgid()) != (int(run_as["uid"]), int(run_as["gid"])):
+                raise PermissionError(f"still {os.getuid()}:{os.getgid()}")
         except (OSError, KeyError, TypeError, ValueError) as exc:
             _send(sock, {"error": f"cannot become the job's user {run_as}: {exc}"})
             return 1
