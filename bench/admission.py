@@ -250,12 +250,12 @@ def client_process(tasks: Any, results: Any, barrier: Any) -> None:
         started = time.time()
         job = jobs.submit_job(tenant_id=tenant_id, user_id=None, spec=spec)
         if not admit:  # the floor: a decision cannot come before the submit that it decides has returned
-            results.put((job.id, started, {job.id: time.time()}))
+            results.put((job.id, started, time.time()))
             continue
         popped = decisions.blpop([decided_key(job.id)], timeout=DECISION_TIMEOUT_S)
         if finish and popped and TrainingJob.objects.filter(pk=job.id, state=JobState.ADMITTED).exists():
             jobs.finish_job(job.id, JobState.SUCCEEDED, message="bench: done")
-        results.put((job.id, started, {job.id: float(popped[1])} if popped else {}))
+        results.put((job.id, started, float(popped[1]) if popped else None))
     connection.close()
 
 
@@ -340,14 +340,13 @@ def run_trials(
             for _ in range(CONCURRENCY):
                 job_id, started, decided = results.get(timeout=600)
                 burst_submitted[job_id] = started
-                for decided_id, when in decided.items():
-                    burst_decided[decided_id] = min(when, burst_decided.get(decided_id, when))
+                if decided is not None:  # None: not decided within DECISION_TIMEOUT_S
+                    burst_decided[job_id] = decided
             if trial < 0:
                 cold = [burst_decided[j] - t for j, t in burst_submitted.items() if j in burst_decided]
             else:
                 submitted_at.update(burst_submitted)
-                for decided_id, when in burst_decided.items():
-                    decided_at[decided_id] = min(when, decided_at.get(decided_id, when))
+                decided_at.update(burst_decided)
             end_everything()
             forget_decisions()
             leaked += Allocation.objects.filter(ended_at__isnull=True).count()

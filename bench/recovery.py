@@ -398,6 +398,9 @@ def user_code_restarts(trials: int) -> dict[str, Any]:
     from runtime.inventory import load_pool
     from tests.usercode import SDK_EXAMPLE, make_bundle, user_request
 
+    def pool_full(backend: LocalBackend, size: int) -> bool:
+        return len(standby_module.pool_state(backend.standby_dir).get("standbys", [])) >= size
+
     profiles = load_pool(ROOT / "runtime" / "pools" / "demo.yaml").local_profiles
     spec = CheckpointSpec(weights_every=10, optimizer_every=10, keep=3)
     figures: dict[str, Any] = {"usercode_sandboxed": unavailable_reason() is None}
@@ -414,13 +417,7 @@ def user_code_restarts(trials: int) -> dict[str, Any]:
             try:
                 if standbys:  # the host's pool, warm before the failure (the first launch starts it)
                     standby_module.start_pool(backend.standby_dir, standbys, backend.python, backend.standby_env())
-                    _wait(
-                        lambda b=backend, n=standbys: (
-                            len(standby_module.pool_state(b.standby_dir).get("standbys", [])) >= n
-                        ),
-                        120,
-                        "the standby pool",
-                    )
+                    _wait(lambda b=backend, n=standbys: pool_full(b, n), 120, "the standby pool")
                 for trial in range(trials):
                     key = f"{mode}-{trial}"
                     common = {"checkpoint": spec, "job_key": key, "steps": 100_000}
@@ -428,13 +425,7 @@ def user_code_restarts(trials: int) -> dict[str, Any]:
                     store = LocalStore(str(scratch / "checkpoints" / key))
                     _wait(lambda store=store: len(store.names()) >= 2, 300, "two checkpoints")
                     if standbys:  # the claimed standbys replaced, as in a long run
-                        _wait(
-                            lambda b=backend, n=standbys: (
-                                len(standby_module.pool_state(b.standby_dir).get("standbys", [])) >= n
-                            ),
-                            60,
-                            "the pool refilled",
-                        )
+                        _wait(lambda b=backend, n=standbys: pool_full(b, n), 60, "the pool refilled")
                     status = json.loads((Path(first["run_dir"]) / "status.json").read_text())
                     killed_at = time.time()
                     os.kill(next(r["pid"] for r in status["ranks"] if r["rank"] == 1), signal.SIGKILL)

@@ -218,9 +218,7 @@ def _resizes(
                 out.append(moved)
                 continue
         for flavor in spec.flavors:
-            headroom = ledger.headroom(tenant_id, flavor)
-            room = free[flavor] if headroom is None else min(free[flavor], headroom - granted[(tenant_id, flavor)])
-            take = max(0, min(room, target - grown))
+            take = max(0, min(_room(flavor, tenant_id, free, granted, ledger), target - grown))
             free[flavor] -= take
             granted[(tenant_id, flavor)] += take
             grown += take
@@ -233,13 +231,22 @@ def _resizes(
     return out
 
 
+def _room(
+    flavor: str, tenant_id: int, free: Counter[str], granted: Counter[tuple[int, str]], ledger: QuotaLedger
+) -> int:
+    """The devices of ``flavor`` free now that the tenant's quota still has room for this round."""
+    headroom = ledger.headroom(tenant_id, flavor)
+    return free[flavor] if headroom is None else min(free[flavor], headroom - granted[(tenant_id, flavor)])
+
+
 def _moves_flavors(held: Config, config: Config) -> bool:
     """Whether ``config`` puts the job on other flavors and keeps each flavor it holds whole or leaves it:
     the next attempt keeps every device it holds of a flavor it may use (``plan_restart``), so a move
     that kept part of a flavor would land back where it was, and be proposed again every round."""
     target = dict(config.counts)
-    changes = {flavor for flavor, _ in config.counts} != {flavor for flavor, _ in held.counts}
-    return changes and all(target.get(flavor, 0) in (0, n) or target[flavor] > n for flavor, n in held.counts)
+    if set(target) == {flavor for flavor, _ in held.counts}:
+        return False
+    return all(target.get(flavor, 0) == 0 or target[flavor] >= n for flavor, n in held.counts)
 
 
 def _move(
@@ -258,9 +265,7 @@ def _move(
     adds = {flavor: n - held.get(flavor, 0) for flavor, n in config.counts if n > held.get(flavor, 0)}
     tenant_id = r.job.tenant_id
     for flavor, n in adds.items():
-        headroom = ledger.headroom(tenant_id, flavor)
-        room = free[flavor] if headroom is None else min(free[flavor], headroom - granted[(tenant_id, flavor)])
-        if flavor not in r.spec.flavors or room < n:
+        if flavor not in r.spec.flavors or _room(flavor, tenant_id, free, granted, ledger) < n:
             return None
     for flavor, n in adds.items():
         free[flavor] -= n

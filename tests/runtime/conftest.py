@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from runtime.backends.base import Observation, Phase
-from runtime.backends.local import LocalBackend
+from runtime.backends.local import LocalBackend, standby
 from runtime.inventory import Pool, load_pool
 from tests.processes import processes_mentioning  # noqa: F401  (used by the tests here)
 
@@ -39,6 +39,13 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float 
             return True
         time.sleep(interval_s)
     return predicate()
+
+
+def warm_pool(backend: LocalBackend, size: int) -> None:
+    """The backend's pool of warm standbys started and full, as a restart finds it."""
+    standby.start_pool(backend.standby_dir, size, backend.python, backend.standby_env())
+    full = lambda: len(standby.pool_state(backend.standby_dir).get("standbys", [])) >= size  # noqa: E731
+    assert wait_for(full, timeout_s=120), standby.pool_state(backend.standby_dir)
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from runtime.comm.link import LinkEmulation
 from runtime.inventory import Pool
 from runtime.jobspec import CheckpointSpec
 from tests.processes import processes_mentioning
-from tests.runtime.conftest import wait_for, wait_until_final
+from tests.runtime.conftest import wait_for, wait_until_final, warm_pool
 from tests.runtime.test_recovery import _events, _losses, _request
 
 pytestmark = pytest.mark.runtime
@@ -47,8 +47,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory, demo_pool: Pool) -> Iterator[
     """A pool of two standbys in a short folder (a Unix socket's path is limited), stopped at the end."""
     backend = LocalBackend(tmp_path_factory.mktemp("sb") / "runs", demo_pool.local_profiles, standby_ranks=2)
     pool_dir = backend.standby_dir
-    standby_module.start_pool(pool_dir, 2, backend.python, backend.standby_env())
-    assert wait_for(lambda: _pool_full(pool_dir, 2), timeout_s=120), standby_module.pool_state(pool_dir)
+    warm_pool(backend, 2)
     yield pool_dir, backend
     assert backend.stop_standby()
     assert wait_for(lambda: not processes_mentioning(str(pool_dir)), timeout_s=15), "the pool left processes behind"
@@ -228,8 +227,7 @@ def test_a_standby_rank_whose_supervisor_is_killed_is_stopped(
     backend = LocalBackend(root / "runs", demo_pool.local_profiles, sample_time_ms=0.1, grace_s=3.0, standby_ranks=1)
     pool_dir = backend.standby_dir
     try:
-        standby_module.start_pool(pool_dir, 1, backend.python, backend.standby_env())
-        assert wait_for(lambda: _pool_full(pool_dir, 1), timeout_s=120)
+        warm_pool(backend, 1)
         handle = backend.provision(_request("orphan", 2, root, CheckpointSpec(), steps=100_000))
         run_dir = Path(handle["run_dir"])
         assert wait_for(lambda: (run_dir / "heartbeat.rank1").exists(), timeout_s=60)

@@ -26,7 +26,7 @@ from runtime.backends.local.procs import pid_alive
 from runtime.backends.local.sandbox import unavailable_reason
 from runtime.jobspec import CheckpointSpec, WorkloadSpec
 from runtime.recovery.store import LocalStore
-from tests.runtime.conftest import wait_for, wait_until_final
+from tests.runtime.conftest import wait_for, wait_until_final, warm_pool
 from tests.usercode import DDP_EXAMPLE, MIXED, SDK_EXAMPLE, make_bundle, run_alone, user_request
 
 pytestmark = pytest.mark.runtime
@@ -242,9 +242,7 @@ def test_user_code_cannot_read_the_control_planes_secrets_or_other_jobs_runs(
         var / "runs", make_backend().profiles, sample_time_ms=0.1, sandbox="required", standby_ranks=standby_ranks
     )
     if standby_ranks:  # warm before the launch, as for a restart
-        standby_module.start_pool(backend.standby_dir, standby_ranks, backend.python, backend.standby_env())
-        ready = lambda: len(standby_module.pool_state(backend.standby_dir).get("standbys", [])) >= standby_ranks  # noqa: E731
-        assert wait_for(ready, timeout_s=120), standby_module.pool_state(backend.standby_dir)
+        warm_pool(backend, standby_ranks)
     # The targets travel in the bundle: a variable of the job's own would start its ranks fresh (a
     # standby's interpreter started without it).
     bundle = make_bundle(tmp_path / "bundle", {"probe.py": PROBE, "targets.json": json.dumps(targets)})
@@ -291,9 +289,7 @@ def test_a_warm_rank_of_user_code_that_ignores_sigterm_is_killed_once_its_superv
     """The pool passes a dead supervisor's SIGTERM on to its claimed rank, as a fresh rank gets it from
     the parent-death signal; the tenant's code may ignore it, so the pool kills it after a grace."""
     backend = LocalBackend(tmp_path / "runs", make_backend().profiles, sample_time_ms=0.1, standby_ranks=2)
-    standby_module.start_pool(backend.standby_dir, 2, backend.python, backend.standby_env())
-    ready = lambda: len(standby_module.pool_state(backend.standby_dir).get("standbys", [])) >= 2  # noqa: E731
-    assert wait_for(ready, timeout_s=120), standby_module.pool_state(backend.standby_dir)
+    warm_pool(backend, 2)
     bundle = make_bundle(tmp_path / "bundle", {"deaf.py": DEAF})
     request = user_request("deaf", tmp_path, bundle, entrypoint="deaf.py", flavors=("h100-sxm",))
     handle = backend.provision(request)

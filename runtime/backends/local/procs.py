@@ -69,6 +69,17 @@ def signal_pid(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def prctl(option: int, value: int) -> None:
+    """Linux's prctl(option, value); OSError when libc cannot be loaded or the call fails."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}, {value}) failed")
+
+
 def die_with_parent(parent_pid: int) -> None:
     """In a child before exec: get SIGTERM when the parent dies (Linux only; elsewhere a no-op).
 
@@ -76,11 +87,8 @@ def die_with_parent(parent_pid: int) -> None:
     """
     if not sys.platform.startswith("linux"):
         return
-    libc_name = ctypes.util.find_library("c") or "libc.so.6"
     try:
-        libc = ctypes.CDLL(libc_name, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
     except OSError:
         return
     if os.getppid() != parent_pid:  # the parent died before prctl took effect

@@ -20,8 +20,6 @@ in depth for one host, and the README says so.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 import os
 import shutil
@@ -29,6 +27,8 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from runtime.backends.local.procs import PR_SET_NO_NEW_PRIVS, prctl
 
 # User ids handed to jobs: far above any system or login user. Derived from the job's name, so every
 # attempt of a job is the same user (its checkpoints stay its own) and two jobs differ with
@@ -95,10 +95,7 @@ def drop_to(run_as: RunAs) -> None:
     os.setgroups([])
     os.setresgid(run_as.gid, run_as.gid, run_as.gid)
     os.setresuid(run_as.uid, run_as.uid, run_as.uid)
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    pr_set_no_new_privs = 38
-    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
 def make_traversable(path: Path) -> None:
