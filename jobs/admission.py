@@ -20,10 +20,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, F
+from django.db.models import Exists, F, QuerySet
 from django.utils import timezone
 
 from billing import services as billing
+from controlplane import compiled_queries
 from controlplane.monitoring import priority_band
 from jobs import dispatch, locks, transitions
 from jobs.metering import end_allocations_of, open_allocations, open_usage
@@ -207,8 +208,8 @@ WAIT_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 
 def _count_waits(admitted: Iterable[int], pending: Iterable[PendingJob], now: datetime) -> None:
     """Add each admitted job's wait since it last entered the queue to its tenant's and band's
     histogram (a preempted job's first wait was counted when it was first admitted; the admission
-    lock is held, so no other cycle adds at the same time). A few statements whatever the number of
-    tenants: the rows are read at once, the new ones inserted and the rest updated in bulk."""
+    lock is held, so no other cycle adds at the same time). Two statements whatever the number of
+    tenants: the rows are read at once, then inserted or updated in one upsert."""
     by_id = {job.job_id: job for job in pending}
     waits: dict[tuple[int, str], list[float]] = defaultdict(list)
     for job_id in admitted:
@@ -219,26 +220,25 @@ def _count_waits(admitted: Iterable[int], pending: Iterable[PendingJob], now: da
     if not waits:
         return
     tenant_ids = sorted({tenant_id for tenant_id, _ in waits})
-    rows = {(row.tenant_id, row.band): row for row in locks.admission_waits(tenant_ids)}
-    new = [
-        AdmissionWait(tenant_id=tenant_id, band=band, buckets=[0] * (len(WAIT_BUCKETS) + 1), count=0, sum_s=0.0)
-        for tenant_id, band in sorted(waits)
-        if (tenant_id, band) not in rows
-    ]
-    for row in new:
-        rows[(row.tenant_id, row.band)] = row
-    for key, seconds in waits.items():
-        row = rows[key]
-        buckets = list(row.buckets) or [0] * (len(WAIT_BUCKETS) + 1)
+    current = {(row.tenant_id, row.band): row for row in locks.admission_waits(tenant_ids)}
+    rows = []
+    for (tenant_id, band), seconds in sorted(waits.items()):
+        row = current.get((tenant_id, band))
+        buckets = list(row.buckets) if row is not None and row.buckets else [0] * (len(WAIT_BUCKETS) + 1)
         for wait in seconds:
             for index, bound in enumerate(WAIT_BUCKETS):
                 buckets[index] += wait <= bound
             buckets[-1] += 1
-        row.buckets, row.count, row.sum_s = buckets, row.count + len(seconds), row.sum_s + sum(seconds)
-    inserted = {id(row) for row in new}
-    AdmissionWait.objects.bulk_create(new)
-    updated = [rows[key] for key in sorted(waits) if id(rows[key]) not in inserted]
-    AdmissionWait.objects.bulk_update(updated, ["buckets", "count", "sum_s"], batch_size=500)
+        count, sum_s = (row.count, row.sum_s) if row is not None else (0, 0.0)
+        rows.append(
+            AdmissionWait(
+                tenant_id=tenant_id, band=band, buckets=buckets, count=count + len(seconds), sum_s=sum_s + sum(seconds)
+            )
+        )
+    # One upsert for new and existing rows alike, where bulk_update built a CASE expression per row.
+    AdmissionWait.objects.bulk_create(
+        rows, update_conflicts=True, unique_fields=["tenant", "band"], update_fields=["buckets", "count", "sum_s"]
+    )
 
 
 def _cycle() -> CycleReport:
@@ -354,12 +354,10 @@ SERVED_SLACK = timedelta(milliseconds=50)
 def _waiting_and_unserved(requested_at: float | None) -> bool:
     """Whether a job waits in the queue and, for a request sent at ``requested_at``, no cycle that
     read its snapshot at or after then has committed yet. One indexed read: the sweep asks every second."""
-    queued = TrainingJob.objects.filter(state=JobState.QUEUED)
-    lock = AdmissionLock.objects.filter(pk=1).annotate(waiting=Exists(queued))
-    row = lock.values_list("waiting", "served_at").first()
-    if row is None:  # no cycle ran on this database yet
-        return queued.exists()
-    waiting, served_at = row
+    rows = compiled_queries.rows("jobs.admission.waiting_and_served", _waiting_and_served_query)
+    if not rows:  # no cycle ran on this database yet
+        return TrainingJob.objects.filter(state=JobState.QUEUED).exists()
+    ((served_at, waiting),) = rows
     if not waiting or requested_at is None:
         return bool(waiting)
     try:
@@ -367,6 +365,11 @@ def _waiting_and_unserved(requested_at: float | None) -> bool:
     except (TypeError, ValueError, OverflowError, OSError):  # from the broker: a stamp that is no time asks for a cycle
         return True
     return served_at is None or served_at < sent + SERVED_SLACK
+
+
+def _waiting_and_served_query() -> QuerySet[AdmissionLock, tuple[Any, ...]]:
+    queued = TrainingJob.objects.filter(state=JobState.QUEUED)
+    return AdmissionLock.objects.filter(pk=1).annotate(waiting=Exists(queued)).values_list("served_at", "waiting")
 
 
 # Called after each cycle commits, with its report (benchmarks and metrics listen here).

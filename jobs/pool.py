@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q, QuerySet
 
+from controlplane import compiled_queries
 from jobs import locks
 from jobs.errors import UnknownDevices
 from jobs.models import (
@@ -147,11 +148,16 @@ def pool_fabric() -> Fabric:
     counts at once in every process); a pool without a stored topology, or with a node that has no
     usable coordinates in it, gets the fat tree that the nodes' racks describe.
     """
-    rows = list(Node.objects.order_by("pk").values_list("name", "rack", "coords"))
-    stored = PoolTopology.objects.filter(pk=1).first()
-    if stored is not None:
+    rows = compiled_queries.rows(
+        "jobs.pool.nodes", lambda: Node.objects.order_by("pk").values_list("name", "rack", "coords")
+    )
+    stored = compiled_queries.rows(
+        "jobs.pool.topology", lambda: PoolTopology.objects.filter(pk=1).values_list("kind", "parameters")
+    )
+    if stored:
+        kind, parameters = stored[0]
         try:
-            topology = make_topology(stored.kind, stored.parameters)
+            topology = make_topology(kind, parameters)
         except ValueError as exc:
             log.warning("stored pool topology is not usable (%s); using the racks", exc)
         else:
@@ -232,23 +238,30 @@ def free_and_releasing_devices() -> tuple[list[FreeDevice], list[FreeDevice]]:
     admission cycle needs both): free when nothing runs on it; releasing while a run the backend has not
     confirmed gone (an ended or preempted attempt's) still occupies it, which ``free`` leaves out until
     its teardown is confirmed."""
+    free: list[FreeDevice] = []
+    releasing: list[FreeDevice] = []
+    for device_id, node, flavor, health, still_occupied in compiled_queries.rows(
+        "jobs.pool.unheld_devices", _unheld_devices_query
+    ):
+        device = FreeDevice(device_id=device_id, node=node, flavor=flavor, degraded=health == DeviceHealth.DEGRADED)
+        (releasing if still_occupied else free).append(device)
+    return free, releasing
+
+
+def _unheld_devices_query() -> QuerySet[Device, tuple[Any, ...]]:
+    """Schedulable devices that no open allocation holds, each with whether a run not confirmed gone
+    still occupies it."""
     held = Allocation.objects.filter(ended_at__isnull=True).values("device_id")
     untorn_jobs = JobAttempt.objects.filter(untorn_attempts()).values("job_id")
     # A set read once (a hashed subplan), not an EXISTS per device over its whole allocation history.
     lingering = Allocation.objects.filter(job__in=untorn_jobs).values("device_id")
-    rows = (
+    return (
         Device.objects.filter(health__in=SCHEDULABLE)
         .exclude(pk__in=held)
         .annotate(lingering=ExpressionWrapper(Q(pk__in=lingering), output_field=BooleanField()))
         .order_by("device_id")
         .values_list("device_id", "node__name", "flavor__name", "health", "lingering")
     )
-    free: list[FreeDevice] = []
-    releasing: list[FreeDevice] = []
-    for device_id, node, flavor, health, still_occupied in rows:
-        device = FreeDevice(device_id=device_id, node=node, flavor=flavor, degraded=health == DeviceHealth.DEGRADED)
-        (releasing if still_occupied else free).append(device)
-    return free, releasing
 
 
 def releasing_devices() -> list[FreeDevice]:

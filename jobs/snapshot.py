@@ -6,16 +6,18 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, Q, Window
+from django.db.models import F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
+from controlplane import compiled_queries
 from jobs.metering import charge
 from jobs.models import Allocation, JobState, TrainingJob
 from jobs.pool import free_and_releasing_devices, pool_fabric
@@ -57,34 +59,52 @@ def tenant_quotas() -> dict[int, TenantQuota]:
     return quotas
 
 
-def _holding_rows() -> tuple[dict[int, list[FreeDevice]], list[TrainingJob]]:
-    """The jobs that hold devices now, with their devices in rank order."""
-    by_job: dict[int, list[FreeDevice]] = defaultdict(list)
-    open_allocations = (
+@dataclass(frozen=True)
+class _Holding:
+    """A job that holds devices, with what the scheduler needs of its row."""
+
+    job_id: int
+    tenant_id: int
+    priority: int
+    admitted_at: datetime | None
+    demand: dict[str, int]
+    borrowing: bool
+    job_class: str
+    devices: list[FreeDevice] = field(default_factory=list)  # in rank order
+
+
+def _holding_query() -> QuerySet[Allocation, tuple[Any, ...]]:
+    return (
         Allocation.objects.filter(ended_at__isnull=True, job__state__in=HOLDING_STATES)
         .order_by("job_id", "rank")
-        .values_list("job_id", "device__device_id", "device__node__name", "device__flavor__name")
+        .values_list(
+            *("job_id", "device__device_id", "device__node__name", "device__flavor__name", "job__tenant_id"),
+            *("job__priority", "job__admitted_at", "job__demand", "job__borrowing", "job__job_class"),
+        )
     )
-    for job_id, device_id, node, flavor in open_allocations:
-        by_job[job_id].append(FreeDevice(device_id=device_id, node=node, flavor=flavor))
-    jobs = TrainingJob.objects.filter(pk__in=by_job).only(
-        "pk", "tenant_id", "priority", "admitted_at", "demand", "borrowing", "job_class"
-    )
-    return by_job, list(jobs)
 
 
-def _admitted(
-    by_job: Mapping[int, list[FreeDevice]], jobs: list[TrainingJob], rates: Mapping[tuple[str, str], int]
-) -> list[AdmittedJob]:
+def _holding_rows() -> list[_Holding]:
+    """The jobs that hold devices now, with their devices in rank order: one read of their open
+    allocations, joined to the jobs (a job's few fields repeat on each of its devices' rows)."""
+    holding: dict[int, _Holding] = {}
+    for job_id, device_id, node, flavor, *job in compiled_queries.rows("jobs.snapshot.holding", _holding_query):
+        if job_id not in holding:
+            holding[job_id] = _Holding(job_id, *job)
+        holding[job_id].devices.append(FreeDevice(device_id=device_id, node=node, flavor=flavor))
+    return list(holding.values())
+
+
+def _admitted(jobs: list[_Holding], rates: Mapping[tuple[str, str], int]) -> list[AdmittedJob]:
     return [
         AdmittedJob(
-            job_id=job.pk,
+            job_id=job.job_id,
             tenant_id=job.tenant_id,
             priority=job.priority,
             admitted_at=(job.admitted_at or timezone.now()).timestamp(),
-            devices=tuple(by_job[job.pk]),
+            devices=tuple(job.devices),
             # Jobs admitted before quotas existed carry no charge: price them as they stand.
-            demand=job.demand or charge(job.job_class, by_job[job.pk], rates),
+            demand=job.demand or charge(job.job_class, job.devices, rates),
             borrowing=job.borrowing,
         )
         for job in jobs
@@ -93,7 +113,7 @@ def _admitted(
 
 def holding_jobs(rates: Mapping[tuple[str, str], int]) -> list[AdmittedJob]:
     """The jobs that hold devices now (admitted or running), as the scheduler sees them."""
-    return _admitted(*_holding_rows(), rates)
+    return _admitted(_holding_rows(), rates)
 
 
 def pending_jobs() -> list[PendingJob]:
@@ -191,7 +211,7 @@ def usage_history(now: datetime, rates: Mapping[tuple[str, str], int]) -> dict[i
 def load_snapshot(now: datetime) -> Snapshot:
     matrix = throughput_matrix()
     pending = pending_jobs()
-    by_job, holding = _holding_rows()
+    holding = _holding_rows()
     classes = {job.job_class for job in pending} | {job.job_class for job in holding}
     rates = matrix.rates(classes | {"synthetic-mlp"})
     free, releasing = free_and_releasing_devices()
@@ -199,7 +219,7 @@ def load_snapshot(now: datetime) -> Snapshot:
         now=now.timestamp(),
         tenants=tenant_quotas(),
         pending=pending,
-        admitted=_admitted(by_job, holding, rates),
+        admitted=_admitted(holding, rates),
         free=free,
         releasing=releasing,
         nau_rates=rates,

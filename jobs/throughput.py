@@ -18,6 +18,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
 
+from controlplane import compiled_queries
 from jobs import locks
 from jobs.contracts import ThroughputEntryView
 from jobs.models import Allocation, Flavor, ThroughputSource
@@ -64,8 +65,23 @@ def table() -> ThroughputTable:
 
 def measured_per_device() -> dict[tuple[str, str], float]:
     """Per-device samples/s by (class, flavor): what ``ThroughputMatrix`` takes as ``measured``."""
-    rows = EntryRow.objects.exclude(source=ThroughputSource.ESTIMATED)
-    return ThroughputTable.of(_entry(row) for row in rows).measured_per_device()
+    rows = compiled_queries.rows(
+        "jobs.throughput.measured",
+        lambda: EntryRow.objects.exclude(source=ThroughputSource.ESTIMATED).values_list(
+            "job_class", "flavor", "devices", "samples_per_s", "source", "samples"
+        ),
+    )
+    return ThroughputTable.of(
+        ThroughputEntry(
+            job_class=job_class,
+            flavor=flavor,
+            devices=devices,
+            samples_per_s=samples_per_s,
+            source=Source(source),
+            samples=samples,
+        )
+        for job_class, flavor, devices, samples_per_s, source, samples in rows
+    ).measured_per_device()
 
 
 def list_entries(*, job_class: str | None = None, flavor: str | None = None) -> list[ThroughputEntryView]:
@@ -92,7 +108,9 @@ def list_entries(*, job_class: str | None = None, flavor: str | None = None) -> 
 def throughput_matrix() -> ThroughputMatrix:
     """Per-device rates by (class, flavor) in NAU: measured where the table has them, else estimated
     from the flavors' peak figures (as it did before there was a table)."""
-    peaks = dict(Flavor.objects.values_list("name", "peak_bf16_tflops"))
+    peaks = dict(
+        compiled_queries.rows("jobs.throughput.peaks", lambda: Flavor.objects.values_list("name", "peak_bf16_tflops"))
+    )
     if not peaks:
         peaks = {settings.POLYCHIP_NAU_REFERENCE: 1.0}
     return ThroughputMatrix(

@@ -22,7 +22,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Prefetch
 from django.utils import timezone
 
-from controlplane import domain
+from controlplane import compiled_queries, domain
 from runtime.errors import FieldError
 from tenants import idempotency, quota_rules
 from tenants.contracts import (
@@ -752,12 +752,18 @@ def quotas_for_admission() -> list[TenantQuotaView]:
     """Every tenant, with its cohort, weight and quotas, in two queries (quotas, then tenants), as flat
     rows: every admission cycle and every submit's never-fits check reads them."""
     quotas: dict[int, dict[str, QuotaLimits]] = {}
-    rows = Quota.objects.order_by("tenant_id", "resource").values_list(
-        "tenant_id", "resource", "nominal", "borrowing_limit", "lending_limit"
+    rows = compiled_queries.rows(
+        "tenants.quotas",
+        lambda: Quota.objects.order_by("tenant_id", "resource").values_list(
+            "tenant_id", "resource", "nominal", "borrowing_limit", "lending_limit"
+        ),
     )
     for tenant_id, resource, nominal, borrowing_limit, lending_limit in rows:
         quotas.setdefault(tenant_id, {})[resource] = QuotaLimits(nominal, borrowing_limit, lending_limit)
-    tenants = Tenant.objects.order_by("pk").values_list("pk", "slug", "cohort__name", "fair_share_weight")
+    tenants = compiled_queries.rows(
+        "tenants.weights",
+        lambda: Tenant.objects.order_by("pk").values_list("pk", "slug", "cohort__name", "fair_share_weight"),
+    )
     return [
         TenantQuotaView(id=pk, slug=slug, cohort=cohort, weight=weight, quotas=quotas.get(pk, {}))
         for pk, slug, cohort, weight in tenants
