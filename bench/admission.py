@@ -25,6 +25,14 @@
   counts those the worker did not decide within a minute. The baseline is one client submitting
   alone, and the ratio compares the two medians. On this 2-core machine the 64 clients, the worker
   and PostgreSQL contend for the CPU, which the latency includes.
+- admission_api_p50_ms, admission_api_p99_ms (and admission_api_overshoots, ..._leaked_reservations,
+  ..._jobs_never_decided, ..._cold_burst_p99_ms): the same trials (same seed, same bursts) with the
+  64 clients as the portal's users and CI pipelines are: threads of this process, each POSTing
+  /api/v1/jobs with its tenant's token to the project's ASGI server, started as `polychip up` starts
+  it (one uvicorn process, database connections pooled, throttles lifted), and waiting for the
+  worker's decision; half of them then cancel their job through the API if it was admitted. The
+  latency runs from the POST to the decision's commit, so it includes the server's own work on 64
+  requests at once.
 - submit_only_p50_ms, submit_only_p99_ms: the floor under those latencies. The same bursts (a tenth
   as many, at least 6), each client only submitting, with no worker running: from the barrier to
   its submit's return. No decision can come before the submit it decides has returned, so on this
@@ -160,6 +168,19 @@ def seed() -> tuple[Scenario, Scenario]:
     )
 
 
+def api_tokens(scenarios: tuple[Scenario, ...]) -> dict[int, str]:
+    """An API token for each tenant of the scenarios, issued to its user (seed names the user as the tenant)."""
+    from tenants import services as tenants
+    from tenants.models import Tenant
+
+    slugs = dict(Tenant.objects.values_list("pk", "slug"))
+    ids = {tenant_id for scenario in scenarios for tenant_id in scenario.tenants}
+    return {
+        tenant_id: tenants.issue_token(tenant_id=tenant_id, username=slugs[tenant_id], name="bench-admission").secret
+        for tenant_id in sorted(ids)
+    }
+
+
 def max_concurrent(intervals: list[tuple[float, float, int]]) -> int:
     """The most devices held at any instant; an end at the same instant as a start comes first."""
     edges = sorted([(start, 1, n) for start, _, n in intervals] + [(end, 0, -n) for _, end, n in intervals])
@@ -259,6 +280,115 @@ def client_process(tasks: Any, results: Any, barrier: Any) -> None:
     connection.close()
 
 
+class ProcessClients:
+    """The 64 clients as forked processes (``client_process``), each calling ``jobs.services`` on a
+    database connection of its own, as 64 server processes would."""
+
+    name = "processes"
+
+    def __init__(self) -> None:
+        import multiprocessing
+
+        from django.db import connection
+
+        context = multiprocessing.get_context("fork")
+        self.barrier = context.Barrier(CONCURRENCY)
+        self.results = context.Queue()
+        self.inboxes = [context.Queue() for _ in range(CONCURRENCY)]
+        connection.close()
+        self.processes = [
+            context.Process(target=client_process, args=(inbox, self.results, self.barrier)) for inbox in self.inboxes
+        ]
+        for process in self.processes:
+            process.start()
+
+    def burst(self, tasks: list[tuple[Any, ...]]) -> list[tuple[int, float, float | None]]:
+        for inbox, task in zip(self.inboxes, tasks, strict=True):
+            inbox.put(task)
+        return [self.results.get(timeout=600) for _ in tasks]
+
+    def close(self) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for process in self.processes:
+            process.join(timeout=30)
+
+
+class ApiClients:
+    """The 64 clients as CI pipelines and portal users are: REST API clients, each with its tenant's
+    token and a keep-alive connection of its own, against the project's ASGI server as `polychip up`
+    starts it (one uvicorn process, its database connections pooled), which sends each submission's
+    request for admission to the bench's worker. The clients are coroutines of one event loop here:
+    real ones run elsewhere, and a light load generator takes the least CPU from the server. Per
+    trial they are released together, each POSTs /api/v1/jobs, waits for the worker's decision, and
+    half of them cancel their job through the API if it was admitted (which frees quota and asks for
+    a cycle, as a finish does). The server's throttles are lifted: 64 submissions in a burst from
+    one address would otherwise be refused, and the bench measures admission, not refusals."""
+
+    name = "api"
+
+    def __init__(self, tokens: dict[int, str]) -> None:
+        from bench.api import serve
+
+        self.server, self.url = serve(str(ROOT / "var" / "bench" / "admission-api"), database=BENCH_DB, broker=BROKER)
+        self.tokens = tokens
+
+    async def _client(self, task: tuple[Any, ...], go: Any, ready: Any) -> tuple[int, float, float | None]:
+        import httpx
+        import redis.asyncio
+
+        from bench._admission_worker import decided_key
+
+        tenant_id, size, priority, finish, admit = task
+        body = {
+            "name": f"bench-{size}",
+            "devices": size,
+            "flavors": ["h100-sxm"],
+            "priority": priority,
+            "wait_for_capacity": True,
+        }
+        headers = {"Authorization": f"Bearer {self.tokens[tenant_id]}"}
+        decisions = redis.asyncio.Redis.from_url(BROKER)
+        async with httpx.AsyncClient(base_url=self.url, headers=headers, timeout=60) as http:
+            await http.get("/healthz")  # the connection open before the burst, as a warm client's is
+            await decisions.ping()
+            ready.release()
+            await go.wait()
+            started = time.time()
+            response = await http.post("/api/v1/jobs", json=body)
+            if response.status_code != 201:
+                raise SystemExit(
+                    f"bench: a submit through the API answered {response.status_code}: {response.text[:300]}"
+                )
+            job_id = int(response.json()["id"])
+            if not admit:
+                return job_id, started, time.time()
+            popped = await decisions.blpop([decided_key(job_id)], timeout=DECISION_TIMEOUT_S)
+            if finish and popped and (await http.get(f"/api/v1/jobs/{job_id}")).json()["state"] == "admitted":
+                await http.post(f"/api/v1/jobs/{job_id}/cancel")
+        await decisions.aclose()
+        return job_id, started, float(popped[1]) if popped else None
+
+    async def _burst(self, tasks: list[tuple[Any, ...]]) -> list[tuple[int, float, float | None]]:
+        import asyncio
+
+        go, ready = asyncio.Event(), asyncio.Semaphore(0)
+        clients = [asyncio.create_task(self._client(task, go, ready)) for task in tasks]
+        for _ in tasks:
+            await ready.acquire()
+        go.set()
+        return list(await asyncio.gather(*clients))
+
+    def burst(self, tasks: list[tuple[Any, ...]]) -> list[tuple[int, float, float | None]]:
+        import asyncio
+
+        return asyncio.run(self._burst(tasks))
+
+    def close(self) -> None:
+        self.server.terminate()
+        self.server.wait(timeout=30)
+
+
 def one_client_latency(scenario: Scenario, samples: int) -> float:
     """The baseline: one client alone, submit to committed decision (by the worker), median in ms."""
     import redis
@@ -284,12 +414,13 @@ def one_client_latency(scenario: Scenario, samples: int) -> float:
 
 
 def run_trials(
-    scenarios: tuple[Scenario, ...], trials: int, progress: Callable[[int], None], *, admit: bool = True
+    scenarios: tuple[Scenario, ...],
+    trials: int,
+    progress: Callable[[int], None],
+    clients: ProcessClients | ApiClients,
+    *,
+    admit: bool = True,
 ) -> dict[str, Any]:
-    import multiprocessing
-
-    from django.db import connection
-
     from jobs import services as jobs
     from jobs.models import Allocation, JobEvent, JobState, TrainingJob
 
@@ -305,14 +436,6 @@ def run_trials(
         ):
             jobs.finish_job(job_id, JobState.CANCELLED, message="bench: trial over")
 
-    context = multiprocessing.get_context("fork")
-    barrier = context.Barrier(CONCURRENCY)
-    results = context.Queue()
-    inboxes = [context.Queue() for _ in range(CONCURRENCY)]
-    connection.close()
-    clients = [context.Process(target=client_process, args=(inbox, results, barrier)) for inbox in inboxes]
-    for process in clients:
-        process.start()
     try:
         # A first burst warms each client as a server process is warm when a submit arrives (its
         # connection open, its first queries planned): 64 cold starts at once made the first burst's tail
@@ -325,20 +448,13 @@ def run_trials(
             scenario = scenarios[trial % len(scenarios)]
             draw = warm_rng if trial < 0 else rng
             since = TrainingJob.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
-            for inbox in inboxes:
-                inbox.put(
-                    (
-                        draw.choice(scenario.tenants),
-                        draw.choice(SIZES),
-                        draw.choice((0, 0, 5)),
-                        draw.random() < 0.5,
-                        admit,
-                    )
-                )
+            tasks = [
+                (draw.choice(scenario.tenants), draw.choice(SIZES), draw.choice((0, 0, 5)), draw.random() < 0.5, admit)
+                for _ in range(CONCURRENCY)
+            ]
             burst_submitted: dict[int, float] = {}
             burst_decided: dict[int, float] = {}
-            for _ in range(CONCURRENCY):
-                job_id, started, decided = results.get(timeout=600)
+            for job_id, started, decided in clients.burst(tasks):
                 burst_submitted[job_id] = started
                 if decided is not None:  # None: not decided within DECISION_TIMEOUT_S
                     burst_decided[job_id] = decided
@@ -371,10 +487,7 @@ def run_trials(
             preempted_total += sum(TrainingJob.objects.filter(pk__gt=since).values_list("preemptions", flat=True))
             progress(trial + 1)
     finally:
-        for inbox in inboxes:
-            inbox.put(None)
-        for process in clients:
-            process.join(timeout=30)
+        clients.close()
     latencies = [decided_at[j] - submitted_at[j] for j in submitted_at if j in decided_at]
     return {
         "trials": trials,
@@ -545,6 +658,10 @@ def db_cycle(jobs: int = 10_000, tenants: int = 200, devices: int = 8_000) -> di
         )
         for _ in range(jobs)
     )
+    # The cycles run here as in a Celery worker process, which freezes what it loaded at start.
+    from controlplane.celery import freeze_loaded_objects
+
+    freeze_loaded_objects()
     figures: dict[str, Any] = {}
     for label in ("first", "next"):
         started = time.perf_counter()
@@ -636,12 +753,24 @@ def main() -> None:
 
     setup_django()
     scenarios = seed()
+    tokens = api_tokens(scenarios)
     with admission_worker():
         baseline_ms = one_client_latency(scenarios[0], 20 if args.quick else 200)
-        figures.update(run_trials(scenarios, trials, bar("concurrency trials", trials)))
+        figures.update(run_trials(scenarios, trials, bar("concurrency trials", trials), ProcessClients()))
+        through_api = run_trials(
+            scenarios, trials, bar("the same bursts through the REST API", trials), ApiClients(tokens)
+        )
+    figures["admission_api_p50_ms"] = through_api["admission_p50_ms"]
+    figures["admission_api_p99_ms"] = through_api["admission_p99_ms"]
+    figures["admission_api_cold_burst_p99_ms"] = through_api["cold_burst_p99_ms"]
+    figures["admission_api_overshoots"] = through_api["overshoots"]
+    figures["admission_api_leaked_reservations"] = through_api["leaked_reservations"]
+    figures["admission_api_jobs_never_decided"] = through_api["jobs_never_decided"]
     # The floor with no worker: nothing but the submits (their requests wait in the broker).
     floor_trials = max(6, trials // 10)
-    floor = run_trials(scenarios, floor_trials, bar("the same bursts, submit only", floor_trials), admit=False)
+    floor = run_trials(
+        scenarios, floor_trials, bar("the same bursts, submit only", floor_trials), ProcessClients(), admit=False
+    )
     figures["submit_only_p50_ms"] = floor["admission_p50_ms"]
     figures["submit_only_p99_ms"] = floor["admission_p99_ms"]
     figures["submit_only_cold_burst_p99_ms"] = floor["cold_burst_p99_ms"]

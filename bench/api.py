@@ -120,12 +120,16 @@ def seed(jobs: int) -> tuple[int, str]:
 # --- a server -----------------------------------------------------------------------------------------
 
 
-def serve(scratch: str, workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
+def serve(
+    scratch: str, workers: int = 1, *, database: str = BENCH_DB, broker: str = "memory://"
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A uvicorn server as `polychip up` runs it, on the scratch database ``database``, sending its
+    tasks to ``broker`` (by default nowhere: no job is admitted or launched), throttles lifted."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "CHANNEL_", "POLYCHIP_"))}
     env.update(
-        DATABASE_URL=f"{PG}/{BENCH_DB}",
-        CELERY_BROKER_URL="memory://",  # the admission messages go nowhere: no job is launched
+        DATABASE_URL=f"{PG}/{database}",
+        CELERY_BROKER_URL=broker,
         POLYCHIP_VAR_DIR=scratch,
         POLYCHIP_RATE_PER_TOKEN=UNLIMITED,
         POLYCHIP_RATE_PER_ADDRESS=UNLIMITED,

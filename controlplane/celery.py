@@ -88,7 +88,7 @@ def _keep_database_connections(**_: Any) -> None:
 
 
 @worker_process_init.connect
-def _freeze_what_was_loaded(**_: Any) -> None:
+def freeze_loaded_objects(**_: Any) -> None:
     """Move every object alive at the process's start (Django, the models, the tasks: hundreds of
     thousands) out of the cyclic garbage collector's sight. They live as long as the process, yet every
     collection of the oldest generation walked them all: an admission request took 16.5 ms of CPU with
