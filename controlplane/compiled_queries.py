@@ -14,9 +14,10 @@ Only ``values_list`` querysets with constant parameters belong here: a queryset 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections
 from django.db.models import QuerySet
@@ -29,9 +30,9 @@ class _Compiled:
     alias: str
     sql: str
     params: tuple[Any, ...]
-    # Its converters turn the database's values into the fields' Python values. It was made with the
-    # connection of the thread that compiled it; converting asks that connection's operations, which
-    # hold no state, so any thread may use it.
+    # Its converters turn the database's values into the fields' Python values. Kept without the
+    # connection of the thread that compiled it (which would then never be let go): each read lends a
+    # copy its own thread's connection.
     compiler: SQLCompiler
 
 
@@ -47,6 +48,7 @@ def _compile(key: str, queryset: QuerySet[Any, Any]) -> _Compiled:
         raise TypeError(f"{key}: only a values_list of fields (annotations named last) is compiled once")
     compiler = query.get_compiler(using=queryset.db)
     sql, params = compiler.as_sql()
+    cast(Any, compiler).connection = None
     return _Compiled(alias=queryset.db, sql=sql, params=tuple(params), compiler=compiler)
 
 
@@ -58,7 +60,10 @@ def rows(key: str, build: Callable[[], QuerySet[Any, Any]]) -> list[tuple[Any, .
     entry = _compiled.get(key)
     if entry is None:
         entry = _compiled[key] = _compile(key, build())
-    with connections[entry.alias].cursor() as cursor:
+    connection = connections[entry.alias]
+    with connection.cursor() as cursor:
         cursor.execute(entry.sql, entry.params)
         fetched = cursor.fetchall()
-    return [tuple(row) for row in entry.compiler.results_iter(results=[fetched])]
+    compiler = copy.copy(entry.compiler)
+    compiler.connection = connection
+    return [tuple(row) for row in compiler.results_iter(results=[fetched])]
