@@ -33,6 +33,11 @@
   worker's decision; half of them then cancel their job through the API if it was admitted. The
   latency runs from the POST to the decision's commit, so it includes the server's own work on 64
   requests at once.
+- burst_wall_s, burst_cpu_s, burst_host_busy_share (and admission_api_burst_*): per counted burst,
+  from the barrier to the last client's report, its wall time, the CPU seconds spent by the worker's
+  processes, PostgreSQL's, the API server's and the clients' (this process and its other children),
+  and the share of the host's cores busy meanwhile: where the time went, and whether the host was
+  saturated (read from /proc; run on a quiet host).
 - submit_only_p50_ms, submit_only_p99_ms: the floor under those latencies. The same bursts (a tenth
   as many, at least 6), each client only submitting, with no worker running: from the barrier to
   its submit's return. No decision can come before the submit it decides has returned, so on this
@@ -63,6 +68,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,7 +198,7 @@ def max_concurrent(intervals: list[tuple[float, float, int]]) -> int:
 
 
 @contextlib.contextmanager
-def admission_worker() -> Iterator[None]:
+def admission_worker() -> Iterator[int]:
     """The project's Celery worker, with `polychip up`'s options, on the bench's database and broker
     for the block; bench/_admission_worker.py reports its cycles' decisions."""
     import redis
@@ -217,7 +223,7 @@ def admission_worker() -> Iterator[None]:
             if worker.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the bench's Celery worker did not start; see {log_path}")
             time.sleep(0.1)
-        yield
+        yield worker.pid
     finally:
         worker.terminate()
         try:
@@ -417,6 +423,54 @@ def one_client_latency(scenario: Scenario, samples: int) -> float:
     return statistics.median(latencies) * 1000
 
 
+def _host_busy_s() -> float:
+    """CPU seconds the host has spent on anything but idling and waiting for I/O, all cores together."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class BurstCpu:
+    """Where the CPU of the bursts went (from /proc, a quiet host assumed): the worker's processes,
+    the API server's, PostgreSQL's, and the clients' (this process and the rest of its children),
+    summed over the counted bursts, with their wall time."""
+
+    def __init__(self, worker_pid: int | None, server_pid: int | None) -> None:
+        self.roots = {"worker": worker_pid, "server": server_pid}
+        self.spent: dict[str, float] = defaultdict(float)
+        self.bursts = 0
+
+    def _reading(self) -> dict[str, float]:
+        from bench.api import _cpu_s, _descendants, _postgres_pids
+
+        trees = {name: set(_descendants(pid)) if pid else set() for name, pid in self.roots.items()}
+        ours = set(_descendants(os.getpid())) - trees["worker"] - trees["server"]
+        reading = {name: sum(_cpu_s(p) for p in tree) for name, tree in trees.items()}
+        reading["postgres"] = sum(_cpu_s(p) for p in _postgres_pids())
+        reading["clients"] = sum(_cpu_s(p) for p in ours)
+        reading["host"] = _host_busy_s()
+        reading["wall"] = time.monotonic()
+        return reading
+
+    @contextlib.contextmanager
+    def burst(self) -> Iterator[None]:
+        before = self._reading()
+        yield
+        after = self._reading()
+        for name, value in after.items():
+            self.spent[name] += value - before[name]
+        self.bursts += 1
+
+    def figures(self) -> dict[str, float]:
+        per_burst = {name: round(value / max(1, self.bursts), 3) for name, value in self.spent.items()}
+        wall = per_burst.pop("wall")
+        cores = os.cpu_count() or 1
+        return {
+            "burst_wall_s": wall,
+            "burst_cpu_s": {k: v for k, v in per_burst.items() if k != "host" and (k != "server" or v)},
+            "burst_host_busy_share": round(per_burst["host"] / (wall * cores), 3) if wall else 0.0,
+        }
+
+
 def run_trials(
     scenarios: tuple[Scenario, ...],
     trials: int,
@@ -424,6 +478,7 @@ def run_trials(
     clients: ProcessClients | ApiClients,
     *,
     admit: bool = True,
+    worker_pid: int | None = None,
 ) -> dict[str, Any]:
     from jobs import services as jobs
     from jobs.models import Allocation, JobEvent, JobState, TrainingJob
@@ -433,6 +488,7 @@ def run_trials(
     decided_at: dict[int, float] = {}
     overshoots = leaked = admitted_total = preempted_total = 0
     peaks: dict[str, int] = {}
+    cpu = BurstCpu(worker_pid, clients.server.pid if isinstance(clients, ApiClients) else None)
 
     def end_everything() -> None:
         for job_id in TrainingJob.objects.exclude(state__in=["succeeded", "failed", "cancelled"]).values_list(
@@ -458,7 +514,11 @@ def run_trials(
             ]
             burst_submitted: dict[int, float] = {}
             burst_decided: dict[int, float] = {}
-            for job_id, started, decided in clients.burst(tasks):
+            with contextlib.ExitStack() as measuring:
+                if trial >= 0:
+                    measuring.enter_context(cpu.burst())
+                results = clients.burst(tasks)
+            for job_id, started, decided in results:
                 burst_submitted[job_id] = started
                 if decided is not None:  # None: not decided within DECISION_TIMEOUT_S
                     burst_decided[job_id] = decided
@@ -506,6 +566,7 @@ def run_trials(
         "jobs_submitted": trials * CONCURRENCY,
         "admissions": admitted_total,
         "preemptions": preempted_total,
+        **cpu.figures(),
     }
 
 
@@ -745,7 +806,7 @@ def bar(label: str, total: int) -> Callable[[int], None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="under a minute: fewer trials, same figures")
+    parser.add_argument("--quick", action="store_true", help="a few minutes: fewer trials, same figures")
     parser.add_argument("--trials", type=int, help="concurrency trials (default 1000, 6 with --quick)")
     args = parser.parse_args()
     trials = args.trials or (6 if args.quick else 1000)
@@ -759,18 +820,21 @@ def main() -> None:
     setup_django()
     scenarios = seed()
     tokens = api_tokens(scenarios)
-    with admission_worker():
+    with admission_worker() as worker_pid:
         baseline_ms = one_client_latency(scenarios[0], 20 if args.quick else 200)
-        figures.update(run_trials(scenarios, trials, bar("concurrency trials", trials), ProcessClients()))
-        through_api = run_trials(
-            scenarios, trials, bar("the same bursts through the REST API", trials), ApiClients(tokens)
-        )
+        progress = bar("concurrency trials", trials)
+        figures.update(run_trials(scenarios, trials, progress, ProcessClients(), worker_pid=worker_pid))
+        progress = bar("the same bursts through the REST API", trials)
+        through_api = run_trials(scenarios, trials, progress, ApiClients(tokens), worker_pid=worker_pid)
     figures["admission_api_p50_ms"] = through_api["admission_p50_ms"]
     figures["admission_api_p99_ms"] = through_api["admission_p99_ms"]
     figures["admission_api_cold_burst_p99_ms"] = through_api["cold_burst_p99_ms"]
     figures["admission_api_overshoots"] = through_api["overshoots"]
     figures["admission_api_leaked_reservations"] = through_api["leaked_reservations"]
     figures["admission_api_jobs_never_decided"] = through_api["jobs_never_decided"]
+    figures["admission_api_burst_wall_s"] = through_api["burst_wall_s"]
+    figures["admission_api_burst_cpu_s"] = through_api["burst_cpu_s"]
+    figures["admission_api_burst_host_busy_share"] = through_api["burst_host_busy_share"]
     # The floor with no worker: nothing but the submits (their requests wait in the broker).
     floor_trials = max(6, trials // 10)
     floor = run_trials(
