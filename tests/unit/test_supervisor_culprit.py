@@ -40,3 +40,19 @@ def test_the_culprit_is_the_first_rank_to_fail_on_its_own(tmp_path, name, ranks,
 
 def test_ranks_that_all_stopped_on_request_blame_nobody(tmp_path):
     assert supervisor(tmp_path, (EXIT_STOPPED, 1.0, None, None), (EXIT_STOPPED, 2.0, None, None))._culprit() is None
+
+
+def test_a_peer_lost_exit_names_nobody_while_the_rank_to_blame_may_still_show(tmp_path):
+    # Rank 0 lost its peer and exited; rank 1, killed, has not been seen to end yet.
+    made = supervisor(tmp_path, (EXIT_PEER_LOST, 100.0, "exit", 100.0), (None, None, None, None))
+    made.ranks[1].proc = object()  # type: ignore[assignment]  # running, as far as the supervisor knows
+    assert made._culprit() is None and made._first_failure() is None
+    made.ranks[1].exit_code, made.ranks[1].exited_at = -9, 100.05
+    made.ranks[1].cause, made.ranks[1].detected_at = "signal", 100.05
+    assert (made._culprit().rank, made._first_failure()["cause"]) == (1, "signal")  # type: ignore[union-attr,index]
+
+
+def test_with_every_rank_ended_and_nothing_else_to_blame_a_peer_lost_exit_is_named(tmp_path):
+    made = supervisor(tmp_path, (EXIT_PEER_LOST, 100.0, "exit", 100.0), (-15, 100.4, "signal", 100.4))
+    made.ranks[1].terminated_by_us = True  # stopped by the supervisor once rank 0 had failed
+    assert made._culprit().rank == 0  # type: ignore[union-attr]

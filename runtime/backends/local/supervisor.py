@@ -457,7 +457,13 @@ class Supervisor:
         return time.monotonic() + self.grace_s
 
     def _culprit(self) -> _Rank | None:
-        """The first rank to fail on its own, not one that merely lost a peer or that we stopped."""
+        """The first rank to fail on its own, not one that merely lost a peer or that we stopped.
+
+        A rank that lost a peer exits within milliseconds of the peer's death, and its exit can be
+        seen first (a rank in a warm standby reports its end through the pool). While any rank is
+        still running, such a failure names nobody: the one to blame shows a moment later, and the
+        control plane must not mark the wrong device failed. Once every rank has ended with nothing
+        else to blame, the first failure is named after all."""
         # A rank that stopped on request did not fail. Times are all wall clock: a heartbeat kill is
         # dated when it was declared, an exit when it was seen.
         failed = sorted(
@@ -473,7 +479,9 @@ class Supervisor:
         causes = [
             r for r in failed if r.cause == "heartbeat" or (r.exit_code != EXIT_PEER_LOST and not r.terminated_by_us)
         ]
-        return (causes or failed)[0]
+        if causes:
+            return causes[0]
+        return None if self._alive() else failed[0]
 
     def _failure_reason(self) -> str:
         culprit = self._culprit()
