@@ -26,7 +26,7 @@ from django.utils import timezone
 from billing import services as billing
 from controlplane import compiled_queries
 from controlplane.monitoring import priority_band
-from jobs import dispatch, locks, transitions
+from jobs import dispatch, locks, moving, transitions
 from jobs.metering import end_allocations_of, open_allocations, open_usage
 from jobs.models import (
     AdmissionLock,
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 class CycleReport:
     admitted: tuple[int, ...]
     preempted: tuple[int, ...]
+    shrunk: tuple[int, ...]  # elastic victims asked to move onto part of their devices, still running
     waiting: int
     requeued: tuple[int, ...]  # decided, but the claim failed; the next cycle decides again
     decide_s: float
@@ -81,16 +82,38 @@ _REQUEUED: dict[str, Any] = {
 }
 
 
-def _preempt_all(preemptions: Sequence[Preemption], now: datetime) -> list[int]:
-    """Give the victims' devices back and put them in the queue again as their next attempts, in a few
-    statements for them all (a cycle at scale preempts dozens); the ids preempted. A victim that ended
-    meanwhile has given its devices back already and is skipped."""
+def _merged(preemptions: Sequence[Preemption]) -> dict[int, Preemption]:
+    """One preemption per victim: an elastic victim can shrink for one job and be shrunk again, or
+    evicted, for another in the same cycle; the least it keeps holds (nothing, when one evicts it)."""
+    merged: dict[int, Preemption] = {}
+    for preemption in preemptions:
+        earlier = merged.get(preemption.job_id)
+        if earlier is None or (earlier.keep is not None and (preemption.keep or 0) < earlier.keep):
+            merged[preemption.job_id] = preemption
+    return merged
+
+
+def _preempt_all(preemptions: Sequence[Preemption], now: datetime) -> tuple[list[int], list[int]]:
+    """Make the victims give their devices back, in a few statements for them all (a cycle at scale
+    preempts dozens): (the ids preempted, the ids shrunk). A preempted victim goes back to the queue as
+    its next attempt. An elastic victim that gives back only part of its devices (``Preemption.keep``)
+    keeps running: it is asked to move onto what it keeps (``moving.request_shrink``), and is preempted
+    whole only when it cannot move (it has not launched yet). A victim that ended meanwhile has given
+    its devices back already and is skipped."""
     if not preemptions:
-        return []
-    locked = locks.jobs((p.job_id for p in preemptions), fields=("pk", "state", "tenant_id", "attempt", "job_class"))
-    victims = {p.job_id: p for p in preemptions if p.job_id in locked and locked[p.job_id].state in HOLDING_STATES}
+        return [], []
+    merged = _merged(preemptions)
+    locked = locks.jobs(merged, fields=("pk", "state", "tenant_id", "attempt", "job_class"))
+    victims = {job_id: p for job_id, p in merged.items() if job_id in locked and locked[job_id].state in HOLDING_STATES}
+    shrunk = [
+        job_id
+        for job_id, p in victims.items()
+        if p.keep is not None and moving.request_shrink(job_id, p.keep, f"{p.reason} (for job {p.by_job_id})")
+    ]
+    for job_id in shrunk:
+        del victims[job_id]
     if not victims:
-        return []
+        return [], shrunk
     held: dict[int, list[str]] = defaultdict(list)
     open_allocations = Allocation.objects.filter(job_id__in=list(victims), ended_at__isnull=True).order_by("rank")
     for job_id, device_id in open_allocations.values_list("job_id", "device__device_id"):
@@ -120,7 +143,7 @@ def _preempt_all(preemptions: Sequence[Preemption], now: datetime) -> list[int]:
     dispatch.after_commit_each(
         dispatch.TEARDOWN, [(job_id,) for job_id, number in launched if ended_attempt[job_id] == number]
     )
-    return [job.pk for job in requeued]
+    return [job.pk for job in requeued], shrunk
 
 
 def _admit_all(admissions: Iterable[Admission], now: datetime) -> tuple[list[int], list[int]]:
@@ -256,14 +279,17 @@ def _cycle() -> CycleReport:
     result = schedule(snapshot, blend=settings.POLYCHIP_FAIR_SHARE_BLEND, policy=placement_policy())
     decide_s = time.perf_counter() - started
 
-    preempted = _preempt_all(result.preemptions, now)
+    preempted, shrunk = _preempt_all(result.preemptions, now)
     making_room: list[tuple[int, str]] = []
     for admission in result.admissions:
         if admission.preempts:
             # Evict first, admit later (as Kueue does): the victims' devices are free only once
-            # the backend confirms their runs stopped, and a later cycle admits this job.
-            victims = ", ".join(str(v) for v in admission.preempts)
-            making_room.append((admission.job_id, f"making room: preempting job {victims}"))
+            # the backend confirms their runs stopped (or moved onto less), and a later cycle admits this job.
+            evicting = ", ".join(str(v) for v in admission.preempts if v not in shrunk)
+            shrinking = ", ".join(str(v) for v in admission.preempts if v in shrunk)
+            parts = [f"preempting job {evicting}"] if evicting else []
+            parts += [f"shrinking elastic job {shrinking}"] if shrinking else []
+            making_room.append((admission.job_id, f"making room: {' and '.join(parts)}"))
     admitted, requeued = _admit_all((a for a in result.admissions if not a.preempts), now)
     _count_waits(admitted, snapshot.pending, now)
     budget_waiting = [(job_id, over_budget[tenant_id]) for job_id, tenant_id in _queued_of(over_budget)]
@@ -276,6 +302,7 @@ def _cycle() -> CycleReport:
     return CycleReport(
         admitted=tuple(admitted),
         preempted=tuple(preempted),
+        shrunk=tuple(shrunk),
         waiting=waiting,
         requeued=tuple(requeued),
         decide_s=decide_s,

@@ -9,9 +9,9 @@ from django.utils import timezone
 
 from jobs.errors import UnknownDevices
 from jobs.models import Allocation, Device, DeviceEvent, DeviceHealth, JobState
+from jobs.moving import request_move
 from jobs.pool import SCHEDULABLE, set_device_health
 from jobs.predictor import load_predictor
-from jobs.recovery import request_move
 
 log = logging.getLogger(__name__)
 

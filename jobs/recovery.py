@@ -47,6 +47,7 @@ from jobs.backends import get_backend
 from jobs.finishing import finish_job
 from jobs.metering import charge, end_allocations, open_allocations
 from jobs.models import Allocation, Device, DeviceHealth, JobAttempt, JobEvent, JobState, TrainingJob
+from jobs.moving import request_move
 from jobs.pool import SCHEDULABLE, as_free_device, free_devices, pool_fabric, set_device_health
 from jobs.snapshot import holding_jobs, pending_jobs, tenant_quotas
 from jobs.throughput import nau_rates
@@ -517,37 +518,6 @@ def retry_recovering(job_id: int) -> bool:
 
 
 # --- moving healthy jobs ------------------------------------------------------------------------
-
-
-def request_move(
-    job_id: int, reason: str, *, resize_to: int | None = None, resize_flavors: Sequence[str] | None = None
-) -> bool:
-    """Ask a running job to checkpoint and stop so that it can move (a drain, growing back, a
-    predicted failure, an elastic resize to ``resize_to`` devices, on ``resize_flavors`` when the round
-    moves it to other chips). False when it is not running or already asked."""
-    with transaction.atomic():
-        job = locks.job(job_id)
-        if job is None or job.state != JobState.RUNNING:
-            return False
-        run = locks.attempt(job_id, job.attempt)
-        if run is None or run.stop_requested or not run.backend_handle:
-            return False
-        run.stop_requested = reason[:300]
-        run.resize_to = resize_to
-        run.resize_flavors = list(resize_flavors) if resize_flavors else None
-        run.save(update_fields=["stop_requested", "resize_to", "resize_flavors"])
-        asked: dict[str, object] = {"resize_to": resize_to} if resize_to else {}
-        if resize_flavors:
-            asked["resize_flavors"] = list(resize_flavors)
-        transitions.record_event(
-            job,
-            kind=JobEvent.Kind.RECOVERY,
-            message=f"asked to checkpoint and move: {reason}",
-            data={"stop_requested": reason[:300], **asked},
-        )
-        handle = run.backend_handle
-        transaction.on_commit(lambda: get_backend().request_stop(handle, reason), robust=True)
-    return True
 
 
 def running_not_moving() -> QuerySet[TrainingJob]:

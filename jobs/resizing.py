@@ -35,8 +35,9 @@ from django.utils import timezone
 
 from jobs import throughput
 from jobs.models import Allocation, TrainingJob
+from jobs.moving import request_move
 from jobs.pool import free_devices
-from jobs.recovery import move_cost_s, quota_ledger, request_move, running_not_moving
+from jobs.recovery import move_cost_s, quota_ledger, running_not_moving
 from jobs.snapshot import pending_jobs
 from runtime.jobspec import JobSpec
 from runtime.scheduling import QuotaLedger

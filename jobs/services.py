@@ -71,6 +71,7 @@ from jobs.metrics import metric_series as metric_series
 from jobs.metrics import record_points as record_metric_points
 from jobs.models import JobState
 from jobs.monitoring import families as metric_families
+from jobs.moving import request_move as request_move
 from jobs.outlook import start_outlook as start_outlook
 from jobs.pool import known_flavors as known_flavors
 from jobs.pool import pool_fabric as pool_fabric
@@ -95,7 +96,6 @@ from jobs.queries import recent_events as recent_events
 from jobs.queries import waiting_jobs as waiting_jobs
 from jobs.recovery import grow_back as grow_back
 from jobs.recovery import recovering_job_ids as recovering_job_ids
-from jobs.recovery import request_move as request_move
 from jobs.recovery import retry_recovering as retry_recovering
 from jobs.recovery import shrunk_job_ids as shrunk_job_ids
 from jobs.resizing import Resize as Resize

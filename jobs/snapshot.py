@@ -70,6 +70,8 @@ class _Holding:
     demand: dict[str, int]
     borrowing: bool
     job_class: str
+    elastic: Any  # the spec's fields as stored (JSON): an elastic job may shrink to min_devices
+    min_devices: Any
     devices: list[FreeDevice] = field(default_factory=list)  # in rank order
 
 
@@ -80,6 +82,7 @@ def _holding_query() -> QuerySet[Allocation, tuple[Any, ...]]:
         .values_list(
             *("job_id", "device__device_id", "device__node__name", "device__flavor__name", "job__tenant_id"),
             *("job__priority", "job__admitted_at", "job__demand", "job__borrowing", "job__job_class"),
+            *("job__spec__elastic", "job__spec__min_devices"),
         )
     )
 
@@ -106,6 +109,7 @@ def _admitted(jobs: list[_Holding], rates: Mapping[tuple[str, str], int]) -> lis
             # Jobs admitted before quotas existed carry no charge: price them as they stand.
             demand=job.demand or charge(job.job_class, job.devices, rates),
             borrowing=job.borrowing,
+            min_devices=int(job.min_devices) if job.elastic is True and job.min_devices else None,
         )
         for job in jobs
     ]

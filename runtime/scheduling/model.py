@@ -69,6 +69,9 @@ class AdmittedJob:
     devices: tuple[FreeDevice, ...]
     demand: Mapping[str, int]  # resource -> amount charged at admission
     borrowing: bool  # it went above its tenant's nominal for some resource when admitted
+    # An elastic job may run on as few as this (None: exactly what it holds): preemption shrinks it
+    # toward this count before it evicts it.
+    min_devices: int | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,9 @@ class Preemption:
     job_id: int
     by_job_id: int
     reason: str  # e.g. "reclaimed by tenant 3 (within its nominal quota)"
+    # An elastic victim that gives back only part of its devices: it moves (checkpoints, stops, and
+    # restarts) on this many of those it holds, and keeps running. None: it stops and is re-queued.
+    keep: int | None = None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@ the head's tenant stays within its nominal quota, borrowing jobs of the other te
 priority. *Priority*: otherwise, the head's own tenant's borrowing jobs of strictly lower priority (a tenant
 cannot evict another tenant's work by the priority it names; Kueue's defaults). Devices that victims free but
 the preempting job does not use are not handed to anyone else in the same cycle: they are busy until the
-victims stop, and the next cycle sees them free.
+victims stop, and the next cycle sees them free. An elastic victim on one flavor gives back only what the job
+needs, down to its minimum (``Preemption.keep``): it moves onto the rest and stays a candidate for the
+next job of the cycle, with what it keeps.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from runtime.scheduling.fairshare import dominant_share
@@ -411,13 +413,14 @@ class _Cycle:
             if assignment is None and self._reserve(job, flavors, rates):
                 return set()
         victims: list[AdmittedJob] = []
+        kept: dict[int, AdmittedJob] = {}  # victim id -> what it keeps, for those that shrink
         mode = ""
         # An elastic job that fits nowhere now preempts for its smallest count: the least it disturbs.
         smallest = job if job.min_devices is None else replace(job, devices=job.min_devices, min_devices=None)
         if assignment is None:
             found = self._preempt(smallest, flavors, rates)
             if found is not None:
-                mode, victims, assignment = found
+                mode, victims, kept, assignment = found
         if assignment is None:
             reason = self._reason(smallest, flavors, rates, free, rooms, nau_room)
             self.waiting[tenant_id].append((job.job_id, reason))
@@ -425,7 +428,9 @@ class _Cycle:
 
         demand = demand_for(job.job_class, assignment, self.snapshot.nau_rates)
         borrowing = ledger.would_borrow(tenant_id, demand)  # victims are out of the ledger already
-        freed = self.pool.put([d for v in victims for d in v.devices])
+        # A victim that shrinks keeps the first of its devices (``_shrink``) and gives back the rest.
+        keeps = {job_id: len(smaller.devices) for job_id, smaller in kept.items()}
+        freed = self.pool.put([d for v in victims for d in v.devices[keeps.get(v.job_id, 0) :]])
         chosen = self.pool.take_many(assignment)
         self.pool.discard(freed)  # busy until the victims stop
         ledger.add(tenant_id, demand)
@@ -436,9 +441,17 @@ class _Cycle:
                 reason = f"reclaimed by tenant {tenant_id} within its nominal quota"
             else:
                 reason = f"preempted by higher-priority job {job.job_id} (priority {job.priority} > {victim.priority})"
-            self.preemptions.append(Preemption(job_id=victim.job_id, by_job_id=job.job_id, reason=reason))
+            smaller = kept.get(victim.job_id)
+            keep = None if smaller is None else len(smaller.devices)
+            if keep is not None:
+                reason += f"; shrinks from {len(victim.devices)} to {keep} devices"
+            self.preemptions.append(Preemption(job_id=victim.job_id, by_job_id=job.job_id, reason=reason, keep=keep))
             cohort = self.borrowers[ledger.cohort_key(victim.tenant_id)]
-            cohort[victim.tenant_id].remove(victim)
+            place = cohort[victim.tenant_id].index(victim)
+            if smaller is not None:  # still running, on less: a candidate again, down to its minimum
+                cohort[victim.tenant_id][place] = smaller
+            else:
+                del cohort[victim.tenant_id][place]
             if not cohort[victim.tenant_id]:
                 del cohort[victim.tenant_id]
             self._usage_changed(victim.tenant_id, candidate=True)
@@ -461,7 +474,7 @@ class _Cycle:
 
     def _preempt(
         self, job: PendingJob, flavors: Sequence[str], rates: Sequence[int]
-    ) -> tuple[str, list[AdmittedJob], dict[str, int]] | None:
+    ) -> tuple[str, list[AdmittedJob], dict[int, AdmittedJob], dict[str, int]] | None:
         tenant_id = job.tenant_id
         cohort = self.ledger.cohort_key(tenant_id)
         borrowers = self.borrowers.get(cohort)
@@ -577,8 +590,10 @@ class _Cycle:
         rates: Sequence[int],
         candidates: list[AdmittedJob],
         within_nominal: bool,
-    ) -> tuple[list[AdmittedJob], dict[str, int]] | None:
-        """Greedy victims until the job fits, then drop those not needed. Victims stay out of the ledger."""
+    ) -> tuple[list[AdmittedJob], dict[int, AdmittedJob], dict[str, int]] | None:
+        """Greedy victims until the job fits, then drop those not needed, then shrink the elastic ones
+        that need not stop: (victims, what each shrunk one keeps, the job's assignment). Victims stay out
+        of the ledger, but for what the shrunk ones keep."""
         tenant_id = job.tenant_id
         ledger = self.ledger
         extra: dict[str, int] = {}
@@ -618,10 +633,38 @@ class _Cycle:
             else:
                 ledger.remove(victim.tenant_id, victim.demand)
                 _accumulate(extra, _flavor_counts(victim.devices, self.pool))
+        kept: dict[int, AdmittedJob] = {}
+        for victim in reversed(victims):
+            smaller = self._shrink(victim, fits, extra)
+            if smaller is not None:
+                kept[victim.job_id] = smaller
         assignment = fits()
         if assignment is None:  # not reached: every pass of the loop above leaves a state in which the job fits
             raise RuntimeError(f"job {job.job_id}: no assignment with the victims chosen to make it fit")
-        return victims, assignment
+        return victims, kept, assignment
+
+    def _shrink(
+        self, victim: AdmittedJob, fits: Callable[[], dict[str, int] | None], extra: dict[str, int]
+    ) -> AdmittedJob | None:
+        """An elastic victim on one flavor gives back only what the preempting job needs: the victim as it
+        would run on the most devices, down to its minimum, that still let the job fit (its share put back
+        in the ledger and off ``extra``), or None when it must stop. Stopping re-queues it behind everyone;
+        shrinking keeps it running, on less, through the same checkpointed move a resize makes."""
+        held = len(victim.devices)
+        if victim.min_devices is None or victim.min_devices >= held:
+            return None
+        flavor = victim.devices[0].flavor
+        if any(d.flavor != flavor for d in victim.devices) or any(a % held for a in victim.demand.values()):
+            return None  # a mix: which flavor to give back is the restart planner's; it stops whole
+        for keep in range(held - 1, victim.min_devices - 1, -1):
+            part = {resource: amount // held * keep for resource, amount in victim.demand.items()}
+            self.ledger.add(victim.tenant_id, part)
+            extra[flavor] -= keep
+            if fits() is not None:
+                return replace(victim, devices=victim.devices[:keep], demand=part)
+            self.ledger.remove(victim.tenant_id, part)
+            extra[flavor] += keep
+        return None
 
     def _reason(
         self,

@@ -218,6 +218,7 @@ def simulate(
             decision = schedule(snapshot, blend=blend)
             result.cycles += 1
             for preemption in decision.preemptions:
+                # Trace jobs are rigid (no min_devices): a victim never shrinks here (keep is None).
                 run = stop(preemption.job_id)
                 versions[preemption.job_id] += 1
                 pending[preemption.job_id] = run.job  # no checkpoint: its work starts again

@@ -119,10 +119,18 @@ def forecast_starts(
             cycles += 1
             for preemption in result.preemptions:
                 victim = running.pop(preemption.job_id, None)
-                if victim is not None:
-                    free.update((device.device_id, device) for device in victim.devices)
-                    ends.pop(victim.job_id, None)
-                    endless.discard(victim.job_id)
+                if victim is None:
+                    continue
+                keep = preemption.keep or 0  # an elastic victim shrinks onto its first devices and runs on
+                free.update((device.device_id, device) for device in victim.devices[keep:])
+                if keep:
+                    # Its end stays as estimated: on fewer devices it would end a little later.
+                    held = len(victim.devices)
+                    part = {resource: amount // held * keep for resource, amount in victim.demand.items()}
+                    running[victim.job_id] = replace(victim, devices=victim.devices[:keep], demand=part)
+                    continue
+                ends.pop(victim.job_id, None)
+                endless.discard(victim.job_id)
             for admission in result.admissions:
                 if admission.preempts:
                     continue  # evicted now, admitted by the next cycle (as the control plane does)

@@ -21,7 +21,7 @@ def sent(monkeypatch) -> list[tuple]:
 @pytest.fixture
 def stops(monkeypatch) -> list[tuple[dict, str]]:
     """Runs that recovery asks to checkpoint and stop, as (backend handle, reason): no rank runs."""
-    from jobs import recovery
+    from jobs import moving, recovery
 
     asked: list[tuple[dict, str]] = []
 
@@ -30,6 +30,7 @@ def stops(monkeypatch) -> list[tuple[dict, str]]:
             asked.append((handle, reason))
 
     monkeypatch.setattr(recovery, "get_backend", lambda: Backend())
+    monkeypatch.setattr(moving, "get_backend", lambda: Backend())
     return asked
 
 

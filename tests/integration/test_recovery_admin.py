@@ -52,7 +52,7 @@ def test_draining_a_node_asks_its_running_job_to_checkpoint_and_move(pool, tenan
     from django.test import Client
     from django.utils import timezone
 
-    from jobs import recovery
+    from jobs import moving, recovery
     from jobs.models import Allocation, JobAttempt, JobEvent
 
     stops: list[tuple[dict, str]] = []
@@ -62,6 +62,7 @@ def test_draining_a_node_asks_its_running_job_to_checkpoint_and_move(pool, tenan
             stops.append((handle, reason))
 
     monkeypatch.setattr(recovery, "get_backend", lambda: Backend())
+    monkeypatch.setattr(moving, "get_backend", lambda: Backend())
     spec = {"name": "busy", "devices": 1, "flavors": ["h100-sxm"]}
     job = TrainingJob.objects.create(
         tenant_id=tenants[0].id,

@@ -104,3 +104,19 @@ def test_a_cycle_or_time_budget_cuts_a_deep_replay_short_and_says_so():
     one = forecast_starts(state, **args, max_cycles=1)
     assert one.cut_short and one.cycles == 1 and one.starts == {}
     assert forecast_starts(state, **args, budget_s=0.0).cut_short
+
+
+def test_an_elastic_borrower_reclaimed_shrinks_and_runs_on_while_the_owner_starts_at_once():
+    """Tenant 2 (nominal 0) borrows all four devices with an elastic job that may run on one; tenant 1
+    (nominal 4) asks for two. The replay shrinks the borrower to two, as admission would, and the owner
+    starts now on the two it gave back; the borrower keeps running on the others until its end."""
+    cohort = {
+        1: TenantQuota(1, "lab", {"a100": Limit(nominal=4)}),
+        2: TenantQuota(2, "lab", {"a100": Limit(nominal=0)}),
+    }
+    borrower = AdmittedJob(10, 2, 0, NOW - 500, tuple(DEVICES), {"a100": 4}, True, min_devices=1)
+    state = Snapshot(now=NOW, tenants=cohort, pending=[pending(20, 1, 2)], admitted=[borrower], free=[], nau_rates={})
+    forecast = forecast_starts(state, ends_at={10: NOW + 1000}, work={}, watch=(20,))
+    assert forecast.starts == {20: NOW}
+    assert forecast.placements[20] == tuple(DEVICES[2:])
+    assert forecast.ended == 0  # the borrower was not stopped

@@ -455,12 +455,65 @@ def test_an_elastic_job_takes_what_its_quota_allows_and_preempts_only_for_its_mi
     assert [(len(a.devices), a.preempts) for a in result.admissions] == [(2, (101,))]
 
 
+def elastic_running(job_id: int, tenant_id: int, held: list[FreeDevice], low: int, **kwargs) -> AdmittedJob:
+    return replace(running(job_id, tenant_id, held, **kwargs), min_devices=low)
+
+
+def test_reclaim_shrinks_an_elastic_borrower_by_what_the_owner_needs_and_it_runs_on():
+    tenants = [tenant(1, "c", h100=8), tenant(2, "c", h100=0)]
+    borrower = elastic_running(100, 2, devices("h100", "n-0", 6), 2, borrowing=True)
+    result = schedule(snap(tenants, [job(1, 1, 4, "h100")], [borrower], devices("h100", "n-0", 2, start=6)))
+    assert result.preemptions == (
+        Preemption(100, 1, "reclaimed by tenant 1 within its nominal quota; shrinks from 6 to 4 devices", keep=4),
+    )
+    (admission,) = result.admissions
+    # The owner takes the two free devices and the two the borrower gives back (its last two).
+    assert admission.preempts == (100,)
+    assert sorted(ids(admission.devices)) == ["n-0/4", "n-0/5", "n-0/6", "n-0/7"]
+
+
+def test_an_elastic_borrower_shrinks_no_further_than_its_minimum_else_it_stops():
+    tenants = [tenant(1, "c", h100=8), tenant(2, "c", h100=0)]
+    borrower = elastic_running(100, 2, devices("h100", "n-0", 6), 5, borrowing=True)
+    result = schedule(snap(tenants, [job(1, 1, 4, "h100")], [borrower], devices("h100", "n-0", 2, start=6)))
+    # Down to 5 it would free one device; the owner needs two more than are free: it stops whole.
+    assert result.preemptions == (Preemption(100, 1, "reclaimed by tenant 1 within its nominal quota"),)
+
+
+def test_a_shrunk_borrower_can_shrink_again_for_the_next_job_of_the_cycle():
+    tenants = [tenant(1, "c", h100=8), tenant(2, "c", h100=0)]
+    borrower = elastic_running(100, 2, devices("h100", "n-0", 6), 2, borrowing=True)
+    pending = [job(1, 1, 3, "h100"), job(2, 1, 3, "h100")]
+    result = schedule(snap(tenants, pending, [borrower], devices("h100", "n-0", 2, start=6)))
+    assert [(p.job_id, p.by_job_id, p.keep) for p in result.preemptions] == [(100, 1, 5), (100, 2, 2)]
+    # Each owner job gets devices no other holds: 2 free + 1 given back, then 3 more given back.
+    first, second = (set(ids(a.devices)) for a in result.admissions)
+    assert first == {"n-0/5", "n-0/6", "n-0/7"} and second == {"n-0/2", "n-0/3", "n-0/4"}
+
+
+def test_an_elastic_borrower_on_a_mix_of_flavors_stops_whole():
+    tenants = [tenant(1, "c", h100=4, a100=4), tenant(2, "c", h100=0, a100=0)]
+    held = devices("h100", "n-0", 2) + devices("a100", "a-0", 2)
+    borrower = elastic_running(100, 2, held, 1, borrowing=True)
+    result = schedule(snap(tenants, [job(1, 1, 1, "h100")], [borrower]))
+    assert [(p.job_id, p.keep) for p in result.preemptions] == [(100, None)]
+
+
+def test_a_rigid_borrower_with_a_minimum_for_failures_only_is_never_shrunk():
+    # The snapshot gives min_devices only to elastic jobs; a rigid job (min_devices None) stops whole.
+    tenants = [tenant(1, "c", h100=8), tenant(2, "c", h100=0)]
+    borrower = running(100, 2, devices("h100", "n-0", 6), borrowing=True)
+    result = schedule(snap(tenants, [job(1, 1, 4, "h100")], [borrower], devices("h100", "n-0", 2, start=6)))
+    assert [(p.job_id, p.keep) for p in result.preemptions] == [(100, None)]
+
+
 # --- determinism and exactness -------------------------------------------------------------------------------
 
 FLAVORS = ["h100", "a100", "tpu"]
 
 
-def random_snapshot(rng: random.Random) -> Snapshot:
+def random_snapshot(rng: random.Random, *, elastic: bool = False) -> Snapshot:
+    """A random valid snapshot; ``elastic``: larger running jobs, most of those on one flavor elastic."""
     pool = []
     for flavor in FLAVORS:
         for n in range(rng.randint(0, 3)):
@@ -489,13 +542,20 @@ def random_snapshot(rng: random.Random) -> Snapshot:
     busy = rng.sample(tenants, rng.randint(1, min(2, len(tenants))))
     for job_id in range(1000, 1000 + rng.randint(0, 16)):
         owner = rng.choice(busy if rng.random() < 0.8 else tenants).tenant_id
-        held = pool[: rng.randint(1, 3)]
+        if elastic and pool and rng.random() < 0.7:  # mostly gangs of one flavor, which may shrink
+            flavor = rng.choice(pool).flavor
+            held = [d for d in pool if d.flavor == flavor][: rng.randint(1, 6)]
+        else:
+            held = pool[: rng.randint(1, 3)]
         demand = demand_for("cnn", Counter(d.flavor for d in held), rates)
         if held and ledger.fits(owner, demand) is None:
             borrowing = ledger.would_borrow(owner, demand)
             ledger.add(owner, demand)
-            del pool[: len(held)]
-            admitted.append(AdmittedJob(job_id, owner, rng.randint(0, 3), rng.random(), tuple(held), demand, borrowing))
+            pool = [d for d in pool if d not in held]
+            holder = AdmittedJob(job_id, owner, rng.randint(0, 3), rng.random(), tuple(held), demand, borrowing)
+            if elastic and len(held) > 1 and rng.random() < 0.7:
+                holder = replace(holder, min_devices=rng.randint(1, len(held) - 1))  # on a mix it stops whole
+            admitted.append(holder)
     idle = [t for t in tenants if t not in busy]
     pending = [
         PendingJob(
@@ -551,11 +611,12 @@ def _check_quota(snapshot: Snapshot, holders: list[tuple[int, dict[str, int]]]) 
         assert used <= capacity[key], key
 
 
-def test_exactness_on_random_snapshots():
+@pytest.mark.parametrize("elastic", [False, True], ids=["rigid", "elastic-victims"])
+def test_exactness_on_random_snapshots(elastic):
     rng = random.Random(20260601)
-    exercised: Counter = Counter()
+    exercised: Counter = Counter(shrunk=0)
     for _ in range(300):
-        snapshot = random_snapshot(rng)
+        snapshot = random_snapshot(rng, elastic=elastic)
         result = schedule(snapshot)
         pending = {j.job_id: j for j in snapshot.pending}
         running_jobs = {a.job_id: a for a in snapshot.admitted}
@@ -572,10 +633,20 @@ def test_exactness_on_random_snapshots():
             order = [(-pending[w.job_id].priority, pending[w.job_id].submitted_at, w.job_id) for w in waits]
             assert order == sorted(order)
 
-        # Victims: borrowed work from the snapshot, in the preemptor's cohort, each once.
+        # Victims: borrowed work from the snapshot, in the preemptor's cohort; each stops once, or shrinks
+        # (an elastic one on one flavor, never below its minimum) and then maybe shrinks again or stops.
         victims = [p.job_id for p in result.preemptions]
-        assert len(victims) == len(set(victims))
         assert sorted(victims) == sorted(v for a in result.admissions for v in a.preempts)
+        holds = {a.job_id: len(a.devices) for a in snapshot.admitted}
+        for preemption in result.preemptions:
+            assert holds[preemption.job_id] > 0, "a stopped victim preempted again"
+            if preemption.keep is not None:
+                victim = running_jobs[preemption.job_id]
+                assert victim.min_devices is not None and victim.min_devices <= preemption.keep
+                assert preemption.keep < holds[preemption.job_id]
+                assert len({d.flavor for d in victim.devices}) == 1
+                exercised["shrunk"] += 1
+            holds[preemption.job_id] = preemption.keep or 0
         for preemption in result.preemptions:
             victim, head = running_jobs[preemption.job_id], pending[preemption.by_job_id]
             assert victim.borrowing
@@ -589,23 +660,33 @@ def test_exactness_on_random_snapshots():
             else:
                 assert victim.tenant_id != head.tenant_id
 
-        # Admissions: the gang, on allowed flavors, charged as demand_for says, on devices that are free or freed.
+        # Replayed in order, each admission (after its victims stop or shrink) is the gang, on allowed
+        # flavors, charged as demand_for says, on devices that are free or that its victims gave back; it
+        # keeps every quota, and is marked borrowing exactly when it takes its tenant above nominal. A
+        # victim that shrinks keeps its first devices and the same charge per device.
         free_ids = {d.device_id for d in snapshot.free}
+        current = {a.job_id: a.devices for a in snapshot.admitted}
+        holders = {a.job_id: (a.tenant_id, dict(a.demand)) for a in snapshot.admitted}
+        by_preemptor: dict[int, list[Preemption]] = {}
+        for preemption in result.preemptions:
+            by_preemptor.setdefault(preemption.by_job_id, []).append(preemption)
         for admission in result.admissions:
             head = pending[admission.job_id]
             assert len(admission.devices) == head.devices
             assert {d.flavor for d in admission.devices} <= set(head.flavors)
             counts = Counter(d.flavor for d in admission.devices)
             assert admission.demand == demand_for(head.job_class, counts, snapshot.nau_rates)
-            freed = {d.device_id for v in admission.preempts for d in running_jobs[v].devices}
+            assert [p.job_id for p in by_preemptor.get(admission.job_id, [])] == list(admission.preempts)
+            freed: set[str] = set()
+            for preemption in by_preemptor.get(admission.job_id, []):
+                keep = preemption.keep or 0
+                held = current[preemption.job_id]
+                freed |= {d.device_id for d in held[keep:]}
+                current[preemption.job_id] = held[:keep]
+                victim_owner, demand = holders.pop(preemption.job_id)
+                if keep:
+                    holders[preemption.job_id] = (victim_owner, {r: n // len(held) * keep for r, n in demand.items()})
             assert {d.device_id for d in admission.devices} <= free_ids | freed
-
-        # Replayed in order, each admission (after its victims leave) keeps every quota, and is marked
-        # borrowing exactly when it takes its tenant above nominal.
-        holders = {a.job_id: (a.tenant_id, dict(a.demand)) for a in snapshot.admitted}
-        for admission in result.admissions:
-            for victim in admission.preempts:
-                del holders[victim]
             owner = pending[admission.job_id].tenant_id
             held: Counter = Counter()
             for tenant_id, demand in holders.values():
@@ -623,9 +704,12 @@ def test_exactness_on_random_snapshots():
         exercised["preempted"] += sum(p.reason.startswith("preempted") for p in result.preemptions)
 
         # After the cycle: no device used twice.
-        in_use = [d.device_id for a in snapshot.admitted if a.job_id not in set(victims) for d in a.devices]
+        in_use = [d.device_id for held in current.values() for d in held]
         in_use += [d.device_id for a in result.admissions for d in a.devices]
         assert len(in_use) == len(set(in_use))
+    if not elastic:
+        assert exercised["shrunk"] == 0  # only elastic jobs shrink
+        del exercised["shrunk"]
     # The generator must keep exercising what this test is about.
     # (Priority preemption takes only the tenant's own borrowed work, so it is the rarest.)
     assert min(exercised.values()) >= 5, exercised
