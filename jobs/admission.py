@@ -294,7 +294,10 @@ def _cycle() -> CycleReport:
     _count_waits(admitted, snapshot.pending, now)
     budget_waiting = [(job_id, over_budget[tenant_id]) for job_id, tenant_id in _queued_of(over_budget)]
     waiting = _record_waiting([*making_room, *budget_waiting, *((w.job_id, w.reason) for w in result.waiting)])
-    if making_room:
+    if preempted:
+        # The victims' devices are released soon: the next cycle keeps the quota of the job that made room.
+        # A victim that only shrinks asks for a cycle itself once its move gives the devices back
+        # (``recovery``); asking now would spin cycles that decide the same shrink until then.
         dispatch.after_commit(dispatch.ADMIT)
     cycle_s = (timezone.now() - snapshot_at).total_seconds()
     # served_at: every request sent before the snapshot was read is served once this commits (``admit``).

@@ -465,6 +465,9 @@ def _reallocate(job: TrainingJob, previous: tuple[FreeDevice, ...], failed: froz
         return None
     open_allocations({job.pk: [d.device_id for d in plan.devices]}, now)
     dispatch.after_commit(dispatch.PROVISION, job.pk)
+    if len(plan.devices) < len(previous):
+        # It gave devices back (a shrink, often for a queued job that made room): a cycle may start someone.
+        dispatch.after_commit(dispatch.ADMIT)
     return plan
 
 

@@ -42,6 +42,7 @@ def test_reclaim_shrinks_an_elastic_borrower_which_runs_on_and_the_owner_starts_
     acme, globex = lab
     job = _borrower(acme, min_devices=1)
     owner = submit(globex, 2)
+    sent.clear()  # the submit's own request for a cycle
 
     report = admission.run_admission_cycle()
 
@@ -55,6 +56,8 @@ def test_reclaim_shrinks_an_elastic_borrower_which_runs_on_and_the_owner_starts_
     )
     assert stops == [({"run": job.pk}, run.stop_requested)]
     assert TrainingJob.objects.get(pk=owner).pending_reason == f"making room: shrinking elastic job {job.pk}"
+    # No cycle asked for meanwhile: until the move gives the devices back, each would decide the same.
+    assert (dispatch.ADMIT,) not in sent
 
     # Until its ranks have stopped it holds all four: the next cycle decides the same and asks nothing new.
     again = admission.run_admission_cycle()
@@ -68,6 +71,7 @@ def test_reclaim_shrinks_an_elastic_borrower_which_runs_on_and_the_owner_starts_
     job.refresh_from_db()
     assert (job.attempt, job.demand[NPU]) == (1, 2)
     assert (dispatch.PROVISION, job.pk) in sent
+    assert (dispatch.ADMIT,) in sent  # the devices it gave back: a cycle starts the owner at once
     assert admission.run_admission_cycle().admitted == (owner,)
     held = {
         j: set(TrainingJob.objects.get(pk=j).allocations.filter(ended_at__isnull=True).values_list("device", flat=True))
