@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import random
@@ -259,6 +260,7 @@ def client_process(tasks: Any, results: Any, barrier: Any) -> None:
     from runtime.jobspec import parse_job_spec
 
     connection.close()  # never share the parent's socket
+    gc.freeze()  # what the parent made after it froze (ProcessClients), without a collection that copies it all
     decisions = redis.Redis.from_url(BROKER)
     while (task := tasks.get()) is not None:
         tenant_id, size, priority, finish, admit = task
@@ -297,11 +299,19 @@ class ProcessClients:
 
         from django.db import connection
 
+        from controlplane.celery import freeze_loaded_objects
+
         context = multiprocessing.get_context("fork")
         self.barrier = context.Barrier(CONCURRENCY)
         self.results = context.Queue()
         self.inboxes = [context.Queue() for _ in range(CONCURRENCY)]
         connection.close()
+        # The clients stand for server processes, which start clean and freeze what they loaded (as the
+        # Celery worker does, controlplane.celery). Forked from the bench's own process, each would
+        # otherwise inherit all it holds (the earlier scenarios, the seeding) and walk it at every
+        # collection of the oldest generation: about 0.2 s of CPU each time, which is 64 clients at
+        # once a stall of seconds for every submit of the burst (the p99 of 1-8 s seen in some runs).
+        freeze_loaded_objects()
         self.processes = [
             context.Process(target=client_process, args=(inbox, self.results, self.barrier)) for inbox in self.inboxes
         ]

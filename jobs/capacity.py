@@ -140,10 +140,15 @@ def preview_of(
         why = next((w.reason for w in result.waiting if w.job_id == HYPOTHETICAL_JOB), "")
         return AdmissionPreview(None, False, why or "admission would not start it yet", {}, 0.0, False, (), per_device)
     devices = dict(sorted(Counter(device.flavor for device in admitted.devices).items()))
+    keeps = {p.job_id: p.keep for p in result.preemptions if p.by_job_id == HYPOTHETICAL_JOB}
+    making_room = [
+        f"shrink elastic job {job_id} to {keeps[job_id]} devices" if keeps.get(job_id) else f"preempt job {job_id}"
+        for job_id in admitted.preempts
+    ]
     return AdmissionPreview(
         never=None,
         starts_now=not admitted.preempts,
-        reason=f"would preempt job(s) {', '.join(map(str, admitted.preempts))} first" if admitted.preempts else "",
+        reason=f"would {' and '.join(making_room)} first" if making_room else "",
         devices=devices,
         nau=admitted.demand.get(NAU, 0) / MILLI,
         borrowing=admitted.borrowing,

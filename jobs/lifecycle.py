@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from controlplane import logs
 from controlplane.domain import Invalid
-from jobs import bundles, capacity, dispatch, locks, recovery, throughput, transitions
+from jobs import bundles, capacity, dispatch, locks, moving, recovery, throughput, transitions
 from jobs.backends import device_limits, get_backend
 from jobs.contracts import AdmissionPreview
 from jobs.errors import InvalidTransition, JobNotFound, QueueFull
@@ -35,9 +35,6 @@ from tenants import services as tenants
 log = logging.getLogger(__name__)
 
 PROVISION_CLAIM_TIMEOUT = timedelta(seconds=120)
-# How long a replaced attempt (a preemption) gets to save its checkpoint and stop before it is torn
-# down anyway.
-STOP_BEFORE_TEARDOWN_S = 20.0
 
 
 def check_workload(*, tenant_id: int, spec: JobSpec) -> None:
@@ -345,7 +342,7 @@ def teardown_job(job_id: int) -> None:
 
 def _still_stopping(run: JobAttempt, handle: dict[str, Any], backend: Backend) -> bool:
     """Whether a run that is being replaced (a preemption) should be left to finish its stop: the
-    first call asks it to checkpoint and stop, and it gets ``STOP_BEFORE_TEARDOWN_S`` to do so, so
+    first call asks it to checkpoint and stop, and it gets ``moving.STOP_WINDOW_S`` to do so, so
     that its next attempt resumes from that step rather than an older one. Never blocks."""
     if backend.observe(handle).phase not in (Phase.RUNNING, Phase.PENDING):
         return False
@@ -356,7 +353,7 @@ def _still_stopping(run: JobAttempt, handle: dict[str, Any], backend: Backend) -
         return True
     asked_at = JobAttempt.objects.values_list("stop_asked_at", flat=True).get(pk=run.pk)
     # A backend whose stop takes longer to arrive (a cluster's ConfigMap refresh) says how long to give it.
-    window = float(getattr(backend, "stop_window_s", STOP_BEFORE_TEARDOWN_S))
+    window = float(getattr(backend, "stop_window_s", moving.STOP_WINDOW_S))
     return asked_at is not None and (now - asked_at).total_seconds() < window
 
 

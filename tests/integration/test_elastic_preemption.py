@@ -8,10 +8,15 @@ run (the backend that would be asked to stop a run is a recorder)."""
 
 from __future__ import annotations
 
-import pytest
+from datetime import timedelta
 
-from jobs import admission, dispatch, recovery
+import pytest
+from django.utils import timezone
+
+from jobs import admission, dispatch, moving, recovery, services
 from jobs.models import JobAttempt, JobEvent, JobState, TrainingJob
+from runtime.jobspec import parse_job_spec
+from runtime.scheduling import Preemption
 from tenants.models import NAU_RESOURCE, Quota
 from tests.integration.test_admission import in_cohort, quota, submit
 from tests.integration.test_elastic_round import NPU, _running
@@ -42,7 +47,6 @@ def test_reclaim_shrinks_an_elastic_borrower_which_runs_on_and_the_owner_starts_
     acme, globex = lab
     job = _borrower(acme, min_devices=1)
     owner = submit(globex, 2)
-    sent.clear()  # the submit's own request for a cycle
 
     report = admission.run_admission_cycle()
 
@@ -56,8 +60,6 @@ def test_reclaim_shrinks_an_elastic_borrower_which_runs_on_and_the_owner_starts_
     )
     assert stops == [({"run": job.pk}, run.stop_requested)]
     assert TrainingJob.objects.get(pk=owner).pending_reason == f"making room: shrinking elastic job {job.pk}"
-    # No cycle asked for meanwhile: until the move gives the devices back, each would decide the same.
-    assert (dispatch.ADMIT,) not in sent
 
     # Until its ranks have stopped it holds all four: the next cycle decides the same and asks nothing new.
     again = admission.run_admission_cycle()
@@ -67,11 +69,12 @@ def test_reclaim_shrinks_an_elastic_borrower_which_runs_on_and_the_owner_starts_
 
     # The ranks checkpointed and stopped: the next attempt runs on two, and the owner starts on the other two.
     monkeypatch.setattr(recovery, "_teardown", lambda run: True)
+    sent.clear()
     assert recovery.handle_stop(job.pk, 0) == JobState.ADMITTED
     job.refresh_from_db()
     assert (job.attempt, job.demand[NPU]) == (1, 2)
     assert (dispatch.PROVISION, job.pk) in sent
-    assert (dispatch.ADMIT,) in sent  # the devices it gave back: a cycle starts the owner at once
+    assert (dispatch.ADMIT,) in sent  # it gave devices back: a cycle is asked for at once
     assert admission.run_admission_cycle().admitted == (owner,)
     held = {
         j: set(TrainingJob.objects.get(pk=j).allocations.filter(ended_at__isnull=True).values_list("device", flat=True))
@@ -92,6 +95,53 @@ def test_a_move_already_asked_goes_on_onto_no_more_than_the_shrink_leaves(lab, s
     assert JobAttempt.objects.get(job=job, number=0).resize_to == 1
     event = JobEvent.objects.filter(job=job, kind=JobEvent.Kind.RECOVERY).latest("pk")
     assert event.message.startswith("its move goes on, onto no more than 1 devices: reclaimed by tenant")
+
+
+def test_a_lower_count_already_asked_stays_and_a_rounds_flavors_give_way(lab, stops):
+    acme, globex = lab
+    job = _borrower(acme, min_devices=1)
+    JobAttempt.objects.filter(job=job, number=0).update(
+        stop_requested="elastic round", stop_asked_at=timezone.now(), resize_to=1, resize_flavors=["h100-sxm"]
+    )
+    submit(globex, 2)  # would leave it 2; it is moving onto 1 already
+
+    assert admission.run_admission_cycle().shrunk == (job.pk,)
+
+    run = JobAttempt.objects.get(job=job, number=0)
+    assert (run.resize_to, run.resize_flavors) == (1, None)
+
+
+def test_a_move_not_made_within_the_stop_window_gives_way_to_stopping_whole(lab, stops):
+    # Asked long ago and still running: a hung run, or a stop that never reached it. The job that made
+    # room does not wait on it any longer.
+    acme, globex = lab
+    job = _borrower(acme, min_devices=1)
+    asked = timezone.now() - timedelta(seconds=moving.STOP_WINDOW_S + 5)
+    JobAttempt.objects.filter(job=job, number=0).update(stop_requested="node drained", stop_asked_at=asked)
+    submit(globex, 2)
+
+    report = admission.run_admission_cycle()
+
+    assert (report.preempted, report.shrunk) == ((job.pk,), ())
+    assert TrainingJob.objects.get(pk=job.pk).state == JobState.QUEUED
+
+
+def test_a_preview_says_which_job_would_shrink(lab):
+    acme, globex = lab
+    job = _borrower(acme, min_devices=1)
+    spec = parse_job_spec({"name": "owner", "devices": 2, "flavors": [NPU]})
+
+    preview = services.preview_submit(tenant_id=globex.id, spec=spec)
+
+    assert (preview.starts_now, preview.preempts) == (False, (job.pk,))
+    assert preview.reason == f"would shrink elastic job {job.pk} to 2 devices first"
+
+
+def test_one_preemption_per_victim_the_least_it_keeps_holds():
+    shrink = [Preemption(7, 1, "a", keep=3), Preemption(7, 2, "b", keep=1), Preemption(8, 2, "c", keep=2)]
+    assert {j: p.keep for j, p in admission._merged(shrink).items()} == {7: 1, 8: 2}
+    evicted_after = [Preemption(7, 1, "a", keep=3), Preemption(7, 2, "b")]
+    assert admission._merged(evicted_after)[7].keep is None
 
 
 def test_an_elastic_borrower_that_cannot_give_enough_above_its_minimum_is_preempted_whole(lab, stops):
