@@ -22,7 +22,8 @@ counting a restart.
 Quotas hold through all of it: the next attempt takes only what its tenant's quota has room for now
 (its own last attempt released, as admission counts it), shrinking toward ``min_devices`` if need
 be, and is marked borrowing when it takes its tenant above nominal, so that reclaim can find it. A
-shrunk job grows back only into that room, and not while a queued job could start on the free devices.
+shrunk job grows back only into that room, and not while a queued job could start on the free devices
+or on those being released.
 
 Every step is an event on the job. Devices are chosen under the admission lock, as admission does,
 so a cycle running at the same time never hands out the same device.
@@ -48,7 +49,14 @@ from jobs.finishing import finish_job
 from jobs.metering import charge, end_allocations, open_allocations
 from jobs.models import Allocation, Device, DeviceHealth, JobAttempt, JobEvent, JobState, TrainingJob
 from jobs.moving import request_move
-from jobs.pool import SCHEDULABLE, as_free_device, free_devices, pool_fabric, set_device_health
+from jobs.pool import (
+    SCHEDULABLE,
+    as_free_device,
+    free_and_releasing_devices,
+    free_devices,
+    pool_fabric,
+    set_device_health,
+)
 from jobs.snapshot import holding_jobs, pending_jobs, tenant_quotas
 from jobs.throughput import nau_rates
 from runtime.backends.base import DISRUPTION, NODE_LOST, Failure, Observation
@@ -590,10 +598,14 @@ def grow_back(job_id: int) -> bool:
     run = current_attempt(job)
     if run is not None and run.stop_requested:
         return False
-    pool_free = [d for d in free_devices() if not d.degraded]
-    by_flavor = Counter(d.flavor for d in pool_free)
-    if any(sum(by_flavor[f] for f in set(p.flavors)) >= (p.min_devices or p.devices) for p in pending_jobs()):
-        return False  # a queued job could start on what is free: it goes first, not this job's growth
+    free, releasing = free_and_releasing_devices()
+    pool_free = [d for d in free if not d.degraded]
+    # A queued job that could start on what is free, or soon free (a preempted run's devices, seconds from
+    # their teardown): it goes first, not this job's growth. Without the second, a job shrunk for one
+    # that also waits on another victim's teardown would grow back into the room it made.
+    soon = Counter(d.flavor for d in (*pool_free, *releasing) if not d.degraded)
+    if any(sum(soon[f] for f in set(p.flavors)) >= (p.min_devices or p.devices) for p in pending_jobs()):
+        return False
     held = [
         as_free_device(a.device)
         for a in job.allocations.filter(ended_at__isnull=True).select_related("device__node", "device__flavor")

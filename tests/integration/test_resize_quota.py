@@ -120,6 +120,27 @@ def test_a_shrunk_job_does_not_grow_past_a_queued_job_that_could_start(pool, ten
     assert stops == [({"run": "fake"}, "growing back from 1 to 4 devices (3 free again, within quota)")]
 
 
+def test_a_shrunk_job_does_not_grow_into_devices_a_queued_job_waits_to_be_released(pool, tenants, stops):
+    # One NPU free and two still occupied by a preempted run whose teardown is not confirmed yet: the
+    # queued job of three starts on them within seconds, so the shrunk job does not grow into the free one.
+    _only_device_quota(tenants[0], nominal=4)
+    job = _job(tenants[0], JobState.RUNNING, devices=4, min_devices=1, held=1)
+    waiting = TrainingJob.objects.get(pk=submit(tenants[1], 3))
+    TrainingJob.objects.filter(pk=waiting.pk).update(attempt=1)
+    JobAttempt.objects.filter(job=waiting, number=0).update(backend_handle={"run": "old"})
+    JobAttempt.objects.create(job=waiting, number=1)
+    now = timezone.now()
+    for rank, device in enumerate(Device.objects.filter(flavor__name=NPU).order_by("device_id")[1:3]):
+        Allocation.objects.create(job=waiting, device=device, rank=rank, started_at=now, ended_at=now)
+
+    assert recovery.grow_back(job.pk) is False
+    assert stops == []
+
+    JobAttempt.objects.filter(job=waiting, number=0).update(torn_down_at=timezone.now())  # gone: three free
+    TrainingJob.objects.filter(pk=waiting.pk).update(state=JobState.CANCELLED)
+    assert recovery.grow_back(job.pk) is True
+
+
 def test_a_shrunk_job_grows_only_when_its_faster_steps_repay_the_move(pool, tenants, stops):
     # Measured: 100 samples/s on one NPU, the default global batch of 96 (0.96 s a step). On three, the
     # table (this class never measured: per-device rates by peak figures) gives 3x: 0.32 s. Each step
