@@ -634,5 +634,6 @@ def grow_back(job_id: int) -> bool:
             cost_s,
         )
         return False
-    free = len(usable)
-    return request_move(job_id, f"growing back from {current} to {target} devices ({free} free again, within quota)")
+    return request_move(
+        job_id, f"growing back from {current} to {target} devices ({len(usable)} free again, within quota)"
+    )
