@@ -104,14 +104,15 @@ def _preempt_all(preemptions: Sequence[Preemption], now: datetime) -> tuple[list
         return [], []
     merged = _merged(preemptions)
     locked = locks.jobs(merged, fields=("pk", "state", "tenant_id", "attempt", "job_class"))
-    victims = {job_id: p for job_id, p in merged.items() if job_id in locked and locked[job_id].state in HOLDING_STATES}
-    shrunk = [
-        job_id
-        for job_id, p in victims.items()
-        if p.keep is not None and moving.request_shrink(job_id, p.keep, f"{p.reason} (for job {p.by_job_id})")
-    ]
-    for job_id in shrunk:
-        del victims[job_id]
+    victims: dict[int, Preemption] = {}
+    shrunk: list[int] = []
+    for job_id, p in merged.items():
+        if job_id not in locked or locked[job_id].state not in HOLDING_STATES:
+            continue
+        if p.keep is not None and moving.request_shrink(job_id, p.keep, f"{p.reason} (for job {p.by_job_id})"):
+            shrunk.append(job_id)
+        else:
+            victims[job_id] = p
     if not victims:
         return [], shrunk
     held: dict[int, list[str]] = defaultdict(list)

@@ -353,8 +353,7 @@ def _still_stopping(run: JobAttempt, handle: dict[str, Any], backend: Backend) -
         return True
     asked_at = JobAttempt.objects.values_list("stop_asked_at", flat=True).get(pk=run.pk)
     # A backend whose stop takes longer to arrive (a cluster's ConfigMap refresh) says how long to give it.
-    window = float(getattr(backend, "stop_window_s", moving.STOP_WINDOW_S))
-    return asked_at is not None and (now - asked_at).total_seconds() < window
+    return asked_at is not None and (now - asked_at).total_seconds() < moving.stop_window_s(backend)
 
 
 def untorn_job_ids() -> list[int]:

@@ -7,21 +7,55 @@ the asking lives below both.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, cast
 
 from django.db import transaction
 from django.utils import timezone
 
 from jobs import locks, transitions
 from jobs.backends import get_backend
-from jobs.models import JobEvent, JobState
+from jobs.models import JobAttempt, JobEvent, JobState, TrainingJob
+from runtime.backends.base import Backend
 
 # How long a run asked to stop gets before the platform stops waiting for it (a preempted run's teardown,
 # a shrink that a preempting job waits for); a backend whose stop takes longer to arrive says its own.
 STOP_WINDOW_S = 20.0
 
 
-def stop_window_s() -> float:
-    return float(getattr(get_backend(), "stop_window_s", STOP_WINDOW_S))
+def stop_window_s(backend: Backend | None = None) -> float:
+    return float(getattr(backend or get_backend(), "stop_window_s", STOP_WINDOW_S))
+
+
+def _running_attempt(job_id: int) -> tuple[TrainingJob, JobAttempt] | None:
+    """The job and its current attempt, both locked, when it runs and its run has launched."""
+    job = locks.job(job_id)
+    if job is None or job.state != JobState.RUNNING:
+        return None
+    run = locks.attempt(job_id, job.attempt)
+    if run is None or not run.backend_handle:
+        return None
+    return job, run
+
+
+def _ask_to_move(
+    job: TrainingJob, run: JobAttempt, reason: str, resize_to: int | None, resize_flavors: Sequence[str] | None
+) -> None:
+    run.stop_requested = reason[:300]
+    run.stop_asked_at = timezone.now()
+    run.resize_to = resize_to
+    run.resize_flavors = list(resize_flavors) if resize_flavors else None
+    run.save(update_fields=["stop_requested", "stop_asked_at", "resize_to", "resize_flavors"])
+    asked: dict[str, object] = {"resize_to": resize_to} if resize_to else {}
+    if resize_flavors:
+        asked["resize_flavors"] = list(resize_flavors)
+    transitions.record_event(
+        job,
+        kind=JobEvent.Kind.RECOVERY,
+        message=f"asked to checkpoint and move: {reason}",
+        data={"stop_requested": reason[:300], **asked},
+    )
+    handle = cast(dict[str, Any], run.backend_handle)  # a launched run's: _running_attempt checked it
+    transaction.on_commit(lambda: get_backend().request_stop(handle, reason), robust=True)
 
 
 def request_move(
@@ -31,28 +65,10 @@ def request_move(
     predicted failure, an elastic resize to ``resize_to`` devices, on ``resize_flavors`` when the round
     moves it to other chips). False when it is not running or already asked."""
     with transaction.atomic():
-        job = locks.job(job_id)
-        if job is None or job.state != JobState.RUNNING:
+        found = _running_attempt(job_id)
+        if found is None or found[1].stop_requested:
             return False
-        run = locks.attempt(job_id, job.attempt)
-        if run is None or run.stop_requested or not run.backend_handle:
-            return False
-        run.stop_requested = reason[:300]
-        run.stop_asked_at = timezone.now()
-        run.resize_to = resize_to
-        run.resize_flavors = list(resize_flavors) if resize_flavors else None
-        run.save(update_fields=["stop_requested", "stop_asked_at", "resize_to", "resize_flavors"])
-        asked: dict[str, object] = {"resize_to": resize_to} if resize_to else {}
-        if resize_flavors:
-            asked["resize_flavors"] = list(resize_flavors)
-        transitions.record_event(
-            job,
-            kind=JobEvent.Kind.RECOVERY,
-            message=f"asked to checkpoint and move: {reason}",
-            data={"stop_requested": reason[:300], **asked},
-        )
-        handle = run.backend_handle
-        transaction.on_commit(lambda: get_backend().request_stop(handle, reason), robust=True)
+        _ask_to_move(*found, reason, resize_to, resize_flavors)
     return True
 
 
@@ -62,15 +78,14 @@ def request_shrink(job_id: int, keep: int, reason: str) -> bool:
     placed). False when it cannot shrink so, and the caller stops it whole: it is not running, its run
     has not launched yet, or a move asked of it more than ``stop_window_s`` ago has not happened (a
     hung run, or a stop that never reached it, must not keep the job that made room waiting)."""
-    if request_move(job_id, reason, resize_to=keep):
-        return True
     with transaction.atomic():
-        job = locks.job(job_id)
-        if job is None or job.state != JobState.RUNNING:
+        found = _running_attempt(job_id)
+        if found is None:
             return False
-        run = locks.attempt(job_id, job.attempt)
-        if run is None or not run.stop_requested or not run.backend_handle:
-            return False
+        job, run = found
+        if not run.stop_requested:
+            _ask_to_move(job, run, reason, keep, None)
+            return True
         asked_at = run.stop_asked_at
         if asked_at is not None and (timezone.now() - asked_at).total_seconds() > stop_window_s():
             return False
@@ -82,7 +97,7 @@ def request_shrink(job_id: int, keep: int, reason: str) -> bool:
             transitions.record_event(
                 job,
                 kind=JobEvent.Kind.RECOVERY,
-                message=f"its move goes on, onto no more than {keep} devices: {reason}",
-                data={"resize_to": keep},
+                message=f"its move goes on, onto no more than {run.resize_to} devices: {reason}",
+                data={"resize_to": run.resize_to},
             )
     return True

@@ -603,7 +603,7 @@ def grow_back(job_id: int) -> bool:
     # A queued job that could start on what is free, or soon free (a preempted run's devices, seconds from
     # their teardown): it goes first, not this job's growth. Without the second, a job shrunk for one
     # that also waits on another victim's teardown would grow back into the room it made.
-    soon = Counter(d.flavor for d in (*pool_free, *releasing) if not d.degraded)
+    soon = Counter(d.flavor for d in (*free, *releasing) if not d.degraded)
     if any(sum(soon[f] for f in set(p.flavors)) >= (p.min_devices or p.devices) for p in pending_jobs()):
         return False
     held = [

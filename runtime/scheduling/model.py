@@ -12,7 +12,7 @@ scheduling cycle over a ``Snapshot`` of capacity and usage.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from runtime.scheduling.placement import FreeDevice, NodeDistance
 
@@ -72,6 +72,13 @@ class AdmittedJob:
     # An elastic job may run on as few as this (None: exactly what it holds): preemption shrinks it
     # toward this count before it evicts it.
     min_devices: int | None = None
+
+    def shrunk(self, keep: int) -> AdmittedJob:
+        """The job on its first ``keep`` devices, charged as much per device (one flavor: what the
+        restart planner keeps when it moves onto fewer)."""
+        held = len(self.devices)
+        part = {resource: amount // held * keep for resource, amount in self.demand.items()}
+        return replace(self, devices=self.devices[:keep], demand=part)
 
 
 @dataclass(frozen=True)

@@ -657,12 +657,12 @@ class _Cycle:
         if any(d.flavor != flavor for d in victim.devices) or any(a % held for a in victim.demand.values()):
             return None  # a mix: which flavor to give back is the restart planner's; it stops whole
         for keep in range(held - 1, victim.min_devices - 1, -1):
-            part = {resource: amount // held * keep for resource, amount in victim.demand.items()}
-            self.ledger.add(victim.tenant_id, part)
+            smaller = victim.shrunk(keep)
+            self.ledger.add(victim.tenant_id, smaller.demand)
             extra[flavor] -= keep
             if fits() is not None:
-                return replace(victim, devices=victim.devices[:keep], demand=part)
-            self.ledger.remove(victim.tenant_id, part)
+                return smaller
+            self.ledger.remove(victim.tenant_id, smaller.demand)
             extra[flavor] += keep
         return None
 

@@ -125,9 +125,7 @@ def forecast_starts(
                 free.update((device.device_id, device) for device in victim.devices[keep:])
                 if keep:
                     # Its end stays as estimated: on fewer devices it would end a little later.
-                    held = len(victim.devices)
-                    part = {resource: amount // held * keep for resource, amount in victim.demand.items()}
-                    running[victim.job_id] = replace(victim, devices=victim.devices[:keep], demand=part)
+                    running[victim.job_id] = victim.shrunk(keep)
                     continue
                 ends.pop(victim.job_id, None)
                 endless.discard(victim.job_id)
