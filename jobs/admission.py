@@ -20,7 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, F, QuerySet
+from django.db.models import Exists, F, QuerySet, Subquery
 from django.utils import timezone
 
 from billing import services as billing
@@ -383,24 +383,35 @@ SERVED_SLACK = timedelta(milliseconds=50)
 
 
 def _waiting_and_unserved(requested_at: float | None) -> bool:
-    """Whether a job waits in the queue and, for a request sent at ``requested_at``, no cycle that
-    read its snapshot at or after then has committed yet. One indexed read: the sweep asks every second."""
+    """Whether a job waits in the queue and, for a request sent at ``requested_at``, no cycle is sure to
+    see what the requester committed: none that read its snapshot at or after then has committed, and no
+    request written down at or after then is pending (whoever wrote it ran a cycle, or left it to the
+    lock's holder, which runs once more for it). One indexed read: the sweep asks every second, and a
+    burst of 64 submissions sends 64 requests, most of which a request written down in the burst covers.
+    Two workers writing requests down at once may leave the earlier time (a worker stalled between
+    reading the clock and writing); a request it covered then waits for the sweep's cycle, a second."""
     rows = compiled_queries.rows("jobs.admission.waiting_and_served", _waiting_and_served_query)
     if not rows:  # no cycle ran on this database yet
         return TrainingJob.objects.filter(state=JobState.QUEUED).exists()
-    ((served_at, waiting),) = rows
+    ((served_at, asked_at, waiting),) = rows
     if not waiting or requested_at is None:
         return bool(waiting)
     try:
         sent = datetime.fromtimestamp(requested_at, tz=UTC)
     except (TypeError, ValueError, OverflowError, OSError):  # from the broker: a stamp that is no time asks for a cycle
         return True
-    return served_at is None or served_at < sent + SERVED_SLACK
+    seen_by = sent + SERVED_SLACK
+    return (served_at is None or served_at < seen_by) and (asked_at is None or asked_at < seen_by)
 
 
 def _waiting_and_served_query() -> QuerySet[AdmissionLock, tuple[Any, ...]]:
     queued = TrainingJob.objects.filter(state=JobState.QUEUED)
-    return AdmissionLock.objects.filter(pk=1).annotate(waiting=Exists(queued)).values_list("served_at", "waiting")
+    asked = AdmissionRequest.objects.filter(pk=1).values("requested_at")
+    return (
+        AdmissionLock.objects.filter(pk=1)
+        .annotate(asked_at=Subquery(asked), waiting=Exists(queued))
+        .values_list("served_at", "asked_at", "waiting")
+    )
 
 
 # Called after each cycle commits, with its report (benchmarks and metrics listen here).

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from controlplane import logs
 from controlplane.domain import Invalid
-from jobs import bundles, capacity, dispatch, locks, moving, recovery, throughput, transitions
+from jobs import bundles, capacity, dispatch, locks, moving, recovery, submission, throughput, transitions
 from jobs.backends import device_limits, get_backend
 from jobs.contracts import AdmissionPreview
 from jobs.errors import InvalidTransition, JobNotFound, QueueFull
@@ -62,38 +62,49 @@ def preview_submit(*, tenant_id: int, spec: JobSpec) -> AdmissionPreview:
 def check_submit(*, tenant_id: int, spec: JobSpec) -> None:
     """Every check submit makes before it stores anything (a dry run makes them too): the workload, a
     job that could never start (unless it may wait for capacity), the tenant's queue cap."""
+    _check_spec(tenant_id=tenant_id, spec=spec)
+    waiting = TrainingJob.objects.filter(tenant_id=tenant_id, state=JobState.QUEUED).count()
+    if waiting >= tenants.queued_jobs_cap(tenant_id):
+        raise _queue_full(waiting)
+
+
+def _check_spec(*, tenant_id: int, spec: JobSpec) -> None:
     check_workload(tenant_id=tenant_id, spec=spec)
     if not spec.wait_for_capacity and (why := capacity.never_fits(tenant_id=tenant_id, spec=spec)) is not None:
         raise Invalid(why, field="devices", code="never_fits")
-    cap = tenants.queued_jobs_cap(tenant_id)
+
+
+def _queue_full(waiting: int) -> QueueFull:
     # A soft cap: two submissions at the same instant may both see room for one. It is there so that
     # one tenant cannot queue without end, not to count exactly.
-    waiting = TrainingJob.objects.filter(tenant_id=tenant_id, state=JobState.QUEUED).count()
-    if waiting >= cap:
-        raise QueueFull(
-            f"the tenant has {waiting} jobs waiting, the most it may have (an operator sets it per tenant); "
-            "wait for some to start, or cancel some"
-        )
+    return QueueFull(
+        f"the tenant has {waiting} jobs waiting, the most it may have (an operator sets it per tenant); "
+        "wait for some to start, or cancel some"
+    )
 
 
 def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> TrainingJob:
-    check_submit(tenant_id=tenant_id, spec=spec)
-    with transaction.atomic():
-        job = TrainingJob.objects.create(
-            tenant_id=tenant_id,
-            submitted_by_id=user_id,
-            name=spec.name,
-            spec=spec.to_dict(),
-            state=JobState.QUEUED,
-            total_steps=spec.workload.steps,
-            priority=spec.priority,
-            job_class=spec.workload.job_class,
-        )
-        JobAttempt.objects.create(job=job, number=0)
-        transitions.record_event(job, kind=JobEvent.Kind.TRANSITION, to_state=JobState.QUEUED, message="submitted")
-        # robust: a broker hiccup must not turn a stored job into a 500 (and a retried duplicate);
-        # beat's sweep admits it anyway.
-        dispatch.after_commit(dispatch.ADMIT)
+    """Store the job queued (its first attempt and its event with it, behind the queue cap) and ask for
+    an admission cycle once that commits."""
+    _check_spec(tenant_id=tenant_id, spec=spec)
+    job = TrainingJob(
+        tenant_id=tenant_id,
+        submitted_by_id=user_id,
+        name=spec.name,
+        spec=spec.to_dict(),
+        state=JobState.QUEUED,
+        total_steps=spec.workload.steps,
+        priority=spec.priority,
+        job_class=spec.workload.job_class,
+    )
+    attempt = JobAttempt(job=job, number=0)
+    event = transitions.new_event(job, kind=JobEvent.Kind.TRANSITION, to_state=JobState.QUEUED, message="submitted")
+    waiting = submission.store_queued_job(job, attempt, event, cap=tenants.queued_jobs_cap(tenant_id))
+    if waiting is not None:
+        raise _queue_full(waiting)
+    # robust: a broker hiccup must not turn a stored job into a 500 (and a retried duplicate); beat's
+    # sweep admits it anyway. Outside a transaction (the one statement committed) it sends at once.
+    dispatch.after_commit(dispatch.ADMIT)
     return job
 
 

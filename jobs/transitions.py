@@ -35,7 +35,22 @@ def record_event(
     data: dict[str, Any] | None = None,
 ) -> JobEvent:
     """Append an event to the job's log (in the caller's transaction)."""
-    return JobEvent.objects.create(
+    event = new_event(job, kind=kind, from_state=from_state, to_state=to_state, message=message, data=data)
+    event.save()
+    return event
+
+
+def new_event(
+    job: TrainingJob,
+    *,
+    kind: str,
+    from_state: str = "",
+    to_state: str = "",
+    message: str = "",
+    data: dict[str, Any] | None = None,
+) -> JobEvent:
+    """An event of the job's, not yet stored."""
+    return JobEvent(
         job=job,
         tenant_id=job.tenant_id,
         kind=kind,

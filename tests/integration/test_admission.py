@@ -20,7 +20,7 @@ from billing.models import UsageRecord
 from controlplane.domain import Invalid
 from jobs import services, transitions
 from jobs.admission import SERVED_SLACK
-from jobs.models import Allocation, JobEvent, JobState, TrainingJob
+from jobs.models import AdmissionRequest, Allocation, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
 from tenants.models import Cohort, Quota, Tenant
 from tests.conftest import make_tenant
@@ -330,3 +330,17 @@ def test_a_request_for_admission_is_served_by_any_cycle_that_read_its_snapshot_l
     for not_a_time in (float("nan"), float("inf"), "yesterday"):  # from the broker: a cycle, not an error
         assert services.admit_queued_jobs(not_a_time) == []
     assert len(cycles) == 7 and all(waiting in c.decided for c in cycles)
+
+
+def test_a_request_sent_before_one_written_down_leaves_the_cycle_to_that_one(lab, cycles):
+    """A worker writes a request down before it tries the lock: it runs the cycle, or the holder runs once
+    more for it. Every request sent before then (past the clocks' slack) is covered, and costs one read."""
+    acme = lab[0]
+    quota(acme, "ascend-910b", 4)
+    submit(acme, 8, name="too big", wait=True)  # the queue is never empty below
+    sent_at = time.time()
+    time.sleep(SERVED_SLACK.total_seconds() + 0.01)
+    AdmissionRequest.objects.update_or_create(pk=1, defaults={"requested_at": timezone.now()})
+    assert services.admit_queued_jobs(sent_at) == [] and cycles == []  # covered: no cycle
+    time.sleep(0.01)
+    assert services.admit_queued_jobs(time.time()) == [] and len(cycles) == 1  # sent after it: a cycle
