@@ -99,7 +99,7 @@ def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> Trainin
     )
     attempt = JobAttempt(job=job, number=0)
     event = transitions.new_event(job, kind=JobEvent.Kind.TRANSITION, to_state=JobState.QUEUED, message="submitted")
-    waiting = submission.store_queued_job(job, attempt, event, cap=tenants.queued_jobs_cap(tenant_id))
+    waiting = submission.store_queued_job(job, attempt, event)
     if waiting is not None:
         raise _queue_full(waiting)
     # robust: a broker hiccup must not turn a stored job into a 500 (and a retried duplicate); beat's

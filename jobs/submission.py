@@ -1,13 +1,14 @@
 """Storing a submission: the queued job, its first attempt and its "submitted" event, behind the
 tenant's queue cap.
 
-Through the ORM that is seven round trips (the count of waiting jobs, BEGIN, three INSERTs, COMMIT)
-and about 4 ms of a server process's CPU, most of it building SQL. When 64 submissions arrive at
-once on a 2-core host, that CPU is what the last of them waits behind, and what the admission cycle
-deciding them competes with. On PostgreSQL the count and the three inserts are one statement: data-
-modifying CTEs run in one snapshot and commit together, so the statement needs no transaction of its
-own and the rows are written exactly as the ORM would write them (the same instances, their columns
-and values prepared by their fields). Other databases (the embedded SQLite) take the ORM's path.
+Through the ORM that is eight round trips (the tenant's cap, the count of waiting jobs, BEGIN, three
+INSERTs, COMMIT) and about 4 ms of a server process's CPU, most of it building SQL. When 64
+submissions arrive at once on a 2-core host, that CPU is what the last of them waits behind, and what
+the admission cycle deciding them competes with. On PostgreSQL the cap, the count and the three
+inserts are one statement: data-modifying CTEs run in one snapshot and commit together, so the
+statement needs no transaction of its own, and the rows are written exactly as the ORM would write
+them (the same instances, their columns and values prepared by their fields). Other databases (the
+embedded SQLite) take the ORM's path.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from typing import Any
 from django.db import connections, models, router, transaction
 
 from jobs.models import JobAttempt, JobEvent, JobState, TrainingJob
+from tenants import services as tenants
 
 
-def store_queued_job(job: TrainingJob, attempt: JobAttempt, event: JobEvent, *, cap: int) -> int | None:
+def store_queued_job(job: TrainingJob, attempt: JobAttempt, event: JobEvent) -> int | None:
     """Store the three unsaved instances (``attempt`` and ``event`` belong to ``job``) if the tenant has
-    fewer than ``cap`` jobs queued. Returns None when stored (``job.pk`` is then set), else how many are
-    waiting. A soft cap: two submissions at the same instant may both see room for one."""
+    fewer jobs queued than its cap (``tenants.services.queued_jobs_cap``). Returns None when stored
+    (``job.pk`` is then set), else how many are waiting. A soft cap: two submissions at the same instant
+    may both see room for one."""
     alias = router.db_for_write(TrainingJob)
     if connections[alias].vendor != "postgresql":
-        return _store_through_orm(job, attempt, event, cap=cap, alias=alias)
+        return _store_through_orm(job, attempt, event, cap=tenants.queued_jobs_cap(job.tenant_id), alias=alias)
     connection = connections[alias]
     job_columns, job_values = _insert_values(job, connection)
     attempt_columns, attempt_values = _insert_values(attempt, connection, parent="job_id")
@@ -40,16 +43,17 @@ def store_queued_job(job: TrainingJob, attempt: JobAttempt, event: JobEvent, *, 
         return ", ".join(["%s"] * count)
 
     tenant, state = quote("tenant_id"), quote("state")
+    cap_sql, cap_params = tenants.queued_jobs_cap_sql(job.tenant_id)
     # S608: the identifiers are the models' own, quoted; every value travels as a parameter.
     sql = (
         f"WITH waiting AS (SELECT COUNT(*) AS n FROM {table} WHERE {tenant} = %s AND {state} = %s), "  # noqa: S608
         f"job AS ({insert(TrainingJob, job_columns, placeholders(len(job_values)))} FROM waiting "
-        f"WHERE waiting.n < %s RETURNING {quote('id')}), "
+        f"WHERE waiting.n < {cap_sql} RETURNING {quote('id')}), "
         f"attempt AS ({insert(JobAttempt, attempt_columns, 'job.id, ' + placeholders(len(attempt_values)))} FROM job), "
         f"event AS ({insert(JobEvent, event_columns, 'job.id, ' + placeholders(len(event_values)))} FROM job) "
         "SELECT waiting.n, job.id FROM waiting LEFT JOIN job ON true"
     )
-    params = [job.tenant_id, JobState.QUEUED, *job_values, cap, *attempt_values, *event_values]
+    params = [job.tenant_id, JobState.QUEUED, *job_values, *cap_params, *attempt_values, *event_values]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         waiting, job_id = cursor.fetchone()

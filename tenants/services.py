@@ -18,7 +18,7 @@ from typing import Any, Final
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Prefetch
 from django.utils import timezone
 
@@ -460,6 +460,16 @@ def queued_jobs_cap(tenant_id: int) -> int:
     """The most jobs the tenant may have waiting at once: its own setting, else the cloud's default."""
     own = Tenant.objects.filter(pk=tenant_id).values_list("max_queued_jobs", flat=True).first()
     return int(own) if own is not None else int(settings.POLYCHIP_MAX_QUEUED_JOBS)
+
+
+def queued_jobs_cap_sql(tenant_id: int) -> tuple[str, list[Any]]:
+    """``queued_jobs_cap`` as a SQL expression and its parameters, for a statement that checks the cap
+    in the round trip that writes the job (``jobs.submission``): a submission's read less."""
+    quote = connection.ops.quote_name
+    column = quote(Tenant._meta.get_field("max_queued_jobs").column)
+    key = quote(Tenant._meta.pk.column)
+    sql = f"COALESCE((SELECT {column} FROM {quote(Tenant._meta.db_table)} WHERE {key} = %s), %s)"  # noqa: S608
+    return sql, [tenant_id, int(settings.POLYCHIP_MAX_QUEUED_JOBS)]
 
 
 def tenant_id_for_slug(slug: str) -> int | None:

@@ -10,6 +10,7 @@ from django.forms.models import model_to_dict
 from jobs import submission, transitions
 from jobs.models import JobAttempt, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
+from tenants.models import Tenant
 from tests.conftest import make_tenant
 
 pytestmark = pytest.mark.integration
@@ -55,7 +56,7 @@ def test_the_one_statement_writes_the_rows_the_orm_writes(db, django_user_model)
     by_orm = _unsaved(acme.id, user_id)
     assert submission._store_through_orm(*by_orm, cap=10, alias="default") is None
     by_statement = _unsaved(acme.id, user_id)
-    assert submission.store_queued_job(*by_statement, cap=10) is None
+    assert submission.store_queued_job(*by_statement) is None
 
     job, attempt, event = by_statement
     assert job.pk is not None and job.pk != by_orm[0].pk and not job._state.adding
@@ -66,17 +67,20 @@ def test_the_one_statement_writes_the_rows_the_orm_writes(db, django_user_model)
     assert stored.job_spec == parse_job_spec(SPEC)  # the spec's JSON as the ORM would adapt it
 
 
-def test_past_the_cap_the_statement_writes_nothing_and_says_how_many_wait(db):
+def test_past_the_cap_the_statement_writes_nothing_and_says_how_many_wait(db, settings):
     acme, globex = make_tenant("acme"), make_tenant("globex")
+    Tenant.objects.filter(pk=acme.id).update(max_queued_jobs=2)
+    settings.POLYCHIP_MAX_QUEUED_JOBS = 1  # the cloud's default, for a tenant without its own
     for _ in range(2):
-        assert submission.store_queued_job(*_unsaved(acme.id, None), cap=2) is None
+        assert submission.store_queued_job(*_unsaved(acme.id, None)) is None
     refused = _unsaved(acme.id, None)
-    assert submission.store_queued_job(*refused, cap=2) == 2
+    assert submission.store_queued_job(*refused) == 2
     assert refused[0].pk is None and refused[0]._state.adding
     assert TrainingJob.objects.filter(tenant_id=acme.id).count() == 2
     assert JobAttempt.objects.filter(job__tenant_id=acme.id).count() == 2
     assert JobEvent.objects.filter(tenant_id=acme.id).count() == 2
     # Only the tenant's own queued jobs count: another tenant's, and its own that left the queue, do not.
-    assert submission.store_queued_job(*_unsaved(globex.id, None), cap=1) is None
+    assert submission.store_queued_job(*_unsaved(globex.id, None)) is None
+    assert submission.store_queued_job(*_unsaved(globex.id, None)) == 1  # the default cap
     TrainingJob.objects.filter(tenant_id=acme.id).update(state=JobState.RUNNING)
-    assert submission.store_queued_job(*_unsaved(acme.id, None), cap=1) is None
+    assert submission.store_queued_job(*_unsaved(acme.id, None)) is None
