@@ -465,10 +465,8 @@ def queued_jobs_cap(tenant_id: int) -> int:
 def queued_jobs_cap_sql(tenant_id: int) -> tuple[str, list[Any]]:
     """``queued_jobs_cap`` as a SQL expression and its parameters, for a statement that checks the cap
     in the round trip that writes the job (``jobs.submission``): a submission's read less."""
-    quote = connection.ops.quote_name
-    column = quote(Tenant._meta.get_field("max_queued_jobs").column)
-    key = quote(Tenant._meta.pk.column)
-    sql = f"COALESCE((SELECT {column} FROM {quote(Tenant._meta.db_table)} WHERE {key} = %s), %s)"  # noqa: S608
+    table = connection.ops.quote_name(Tenant._meta.db_table)
+    sql = f"COALESCE((SELECT max_queued_jobs FROM {table} WHERE id = %s), %s)"  # noqa: S608 (the quoted table only)
     return sql, [tenant_id, int(settings.POLYCHIP_MAX_QUEUED_JOBS)]
 
 
