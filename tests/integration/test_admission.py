@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -344,3 +345,28 @@ def test_a_request_sent_before_one_written_down_leaves_the_cycle_to_that_one(lab
     assert services.admit_queued_jobs(sent_at) == [] and cycles == []  # covered: no cycle
     time.sleep(0.01)
     assert services.admit_queued_jobs(time.time()) == [] and len(cycles) == 1  # sent after it: a cycle
+
+
+def test_the_holder_runs_once_more_for_a_job_submitted_after_its_snapshot(lab, cycles):
+    """In a burst, a submission's own request may wait in the broker behind the others; the job is in the
+    database already, and the worker holding the lock decides it at once rather than when its request
+    comes. A job stamped further ahead than the clocks' slack (another host's clock running fast) is left
+    to its request, or a holder would cycle until its own clock caught up."""
+    acme = lab[0]
+    quota(acme, "ascend-910b", 4)
+    first = submit(acme, 1, name="first")
+    ahead = submit(acme, 8, name="stamped an hour ahead", wait=True)
+    TrainingJob.objects.filter(pk=ahead).update(created_at=timezone.now() + timedelta(hours=1))
+    late: list[int] = []
+
+    def submit_during_the_first_cycle(report):
+        if len(cycles) == 1:
+            late.append(submit(acme, 1, name="late"))
+
+    services.cycle_listeners.append(submit_during_the_first_cycle)
+    try:
+        admitted = services.admit_queued_jobs(time.time())
+    finally:
+        services.cycle_listeners.remove(submit_during_the_first_cycle)
+    assert admitted == [first, *late] and len(late) == 1
+    assert len(cycles) == 2 and late[0] in cycles[1].decided  # and no third: nothing new since the second
