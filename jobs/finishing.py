@@ -34,11 +34,12 @@ def finish_job(
     with transaction.atomic():
         # Lock first, then read the clock: an admission that committed just before must not have
         # started an allocation after the moment this one ends it.
-        locks.job(job_id)
+        locked = locks.job(job_id)
         now = timezone.now()
         job = transitions.claim(
             job_id,
             state,
+            locked=locked,
             from_states=from_states,
             attempt=attempt,
             message=message or reason or state,

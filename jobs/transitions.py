@@ -98,6 +98,7 @@ def claim(
     attempt: int | None = None,
     next_attempt: bool = False,
     previous_devices: list[str] | None = None,
+    locked: TrainingJob | None = None,
     **fields: Any,
 ) -> TrainingJob | None:
     """Move a job to ``to_state`` from one of ``from_states`` (default: every state the table lets
@@ -106,10 +107,11 @@ def claim(
     With ``attempt``, the claim holds only for that attempt (a launcher or an observer of an attempt
     that was preempted or recovered meanwhile must not move the next one); ``next_attempt`` makes
     the move end the current attempt and start the next (``previous_devices``: what a restart should
-    prefer). Must run inside a transaction.
+    prefer). ``locked``: the job's row as ``locks.job`` returned it, when the caller took that lock
+    already in this transaction (a row read less). Must run inside a transaction.
     """
     sources = _checked_sources(from_states, to_state)
-    job = locks.job(job_id)
+    job = locked if locked is not None and locked.pk == job_id else locks.job(job_id)
     if job is None or job.state not in sources or (attempt is not None and job.attempt != attempt):
         return None
     now = timezone.now()
@@ -124,7 +126,11 @@ def claim(
     if next_attempt:
         end_attempt(job_id, number, now=now, ended_as=to_state, reason=message)
         _start_attempt(job_id, number + 1, previous_devices)
-    job.refresh_from_db()
+    # The row as the UPDATE left it, without reading it again: it is locked, so only these changed.
+    job.state, job.state_changed_at, job.attempt = to_state, now, number + 1 if next_attempt else number
+    for name, value in fields.items():
+        if name != "attempt":
+            setattr(job, name, value)
     record_event(job, kind=JobEvent.Kind.TRANSITION, from_state=previous, to_state=to_state, message=message, data=data)
     return job
 
