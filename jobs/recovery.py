@@ -37,6 +37,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -337,7 +338,7 @@ def _freeze(
     torn_down: bool,
     message: str,
     credit_reason: str = "",
-    **fields: object,
+    **fields: Any,
 ) -> TrainingJob | None:
     """RUNNING -> RECOVERING as the next attempt, in the caller's transaction with the row locked:
     its allocations end (and are metered), and news of the old attempt can no longer move it. The
