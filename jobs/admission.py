@@ -337,6 +337,7 @@ def _queued_of(tenants: Mapping[int, str]) -> list[tuple[int, int]]:
 def run_admission_cycle() -> CycleReport:
     """One cycle, waiting for the lock if another cycle runs."""
     with transaction.atomic():
+        dispatch.admit_requests_left_to_this_transaction()
         locks.admission_lock(wait=True)
         report = _cycle()
     _notify(report)

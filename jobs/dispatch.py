@@ -12,8 +12,10 @@ import time
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from controlplane.celery import app
+from jobs.models import AdmissionRequest
 
 ADMIT = "jobs.tasks.admit_queued_jobs"
 PROVISION = "jobs.tasks.provision_job"
@@ -65,6 +67,21 @@ def fan_out(task_name: str, args_list: list[list[Any]]) -> int:
 def after_commit(task_name: str, *args: Any) -> None:
     """Enqueue once the current transaction commits (at once outside one)."""
     transaction.on_commit(functools.partial(send, task_name, *args), robust=True)
+
+
+def admit_requests_left_to_this_transaction() -> None:
+    """Called by a transaction about to take the admission lock that runs no admission loop of its own
+    (recovery, the pool's sync, a device's health, one cycle on demand). A worker that finds the lock
+    held writes its request down and leaves it to the holder (``admission.admit``), and every request
+    sent before it is then skipped as covered: once this transaction commits, if a request was written
+    down since now, ask for the cycle on its behalf."""
+    since = timezone.now()
+
+    def ask() -> None:
+        if AdmissionRequest.objects.filter(pk=1, requested_at__gte=since).exists():
+            send(ADMIT)
+
+    transaction.on_commit(ask, robust=True)
 
 
 def after_commit_each(task_name: str, args_list: list[tuple[Any, ...]]) -> None:

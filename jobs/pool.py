@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q, QuerySet
 
 from controlplane import compiled_queries
-from jobs import locks
+from jobs import dispatch, locks
 from jobs.errors import UnknownDevices
 from jobs.models import (
     TERMINAL_STATES,
@@ -107,6 +107,7 @@ def sync_cluster(inventory: ClusterInventory) -> dict[str, int]:
     from runtime.backends.kubernetes.inventory import NodeState
 
     # Under the admission lock from the first read: an operator's cordon cannot slip in between.
+    dispatch.admit_requests_left_to_this_transaction()
     locks.admission_lock(wait=True)
     devices = sync_pool(inventory.pool)
     states: dict[str, Any] = dict(inventory.device_health())
@@ -184,6 +185,7 @@ def set_device_health(device_ids: Iterable[str], health: DeviceHealth | str, *, 
     # committing its allocations; without it a cordon could commit mid-cycle and the cycle would
     # still hand out the devices it had read as healthy. Waiting here means a running cycle ends
     # first and the next one reads the new health.
+    dispatch.admit_requests_left_to_this_transaction()
     locks.admission_lock(wait=True)
     known = set(Device.objects.filter(device_id__in=ids).values_list("device_id", flat=True))
     missing = [i for i in ids if i not in known]

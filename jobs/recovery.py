@@ -296,6 +296,7 @@ def handle_stop(job_id: int, attempt: int) -> str:
 def _lock_job(job_id: int, state: str, attempt: int | None = None) -> tuple[TrainingJob, list[Allocation]] | str:
     """Under the admission lock (taken first, as admission takes it), the job's row locked and still
     in ``state`` (and at ``attempt``), with its open allocations in rank order; else its state now."""
+    dispatch.admit_requests_left_to_this_transaction()
     locks.admission_lock(wait=True)
     job = locks.job(job_id)
     if job is None:

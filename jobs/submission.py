@@ -59,14 +59,11 @@ def store_queued_job(job: TrainingJob, attempt: JobAttempt, event: JobEvent) -> 
         waiting, job_id = cursor.fetchone()
     if job_id is None:
         return int(waiting)
-    for instance, pk in ((job, job_id), (attempt, None), (event, None)):
-        if pk is not None:
-            instance.pk = pk
-        instance._state.adding = False
-        instance._state.db = alias
+    job.pk, job._state.adding, job._state.db = job_id, False, alias
     attempt.job_id = event.job_id = job_id
-    # The attempt's and the event's own ids are not read back: nothing that submits uses them, and
-    # RETURNING them through the outer SELECT would cost a join for every submission.
+    # The attempt's and the event's own ids are not read back (nothing that submits uses them, and
+    # returning them through the outer SELECT would cost a join per submission): without a pk they
+    # still look unsaved, so a save() of either would insert a second row; nobody keeps them.
     return None
 
 

@@ -13,13 +13,13 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from billing.models import UsageRecord
 from controlplane.domain import Invalid
-from jobs import services, transitions
+from jobs import dispatch, services, transitions
 from jobs.admission import SERVED_SLACK
 from jobs.models import AdmissionRequest, Allocation, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
@@ -355,11 +355,13 @@ def test_the_holder_runs_once_more_for_a_job_submitted_after_its_snapshot(lab, c
     acme = lab[0]
     quota(acme, "ascend-910b", 4)
     first = submit(acme, 1, name="first")
+    submit(acme, 8, name="waits, submitted before the first cycle", wait=True)
     ahead = submit(acme, 8, name="stamped an hour ahead", wait=True)
     TrainingJob.objects.filter(pk=ahead).update(created_at=timezone.now() + timedelta(hours=1))
     late: list[int] = []
 
     def submit_during_the_first_cycle(report):
+        assert len(cycles) <= 3, "the holder kept cycling with nothing new to decide"
         if len(cycles) == 1:
             late.append(submit(acme, 1, name="late"))
 
@@ -370,3 +372,17 @@ def test_the_holder_runs_once_more_for_a_job_submitted_after_its_snapshot(lab, c
         services.cycle_listeners.remove(submit_during_the_first_cycle)
     assert admitted == [first, *late] and len(late) == 1
     assert len(cycles) == 2 and late[0] in cycles[1].decided  # and no third: nothing new since the second
+
+
+def test_a_holder_without_a_loop_asks_for_the_cycle_left_to_it(lab, monkeypatch, django_capture_on_commit_callbacks):
+    """Recovery, the pool's sync and a device's health hold the admission lock but run no cycle: a worker
+    that found it held left its request (and every request it covers) to them, so they ask on its behalf."""
+    sent: list[str] = []
+    monkeypatch.setattr(dispatch, "send", lambda name, *args: sent.append(name))
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        dispatch.admit_requests_left_to_this_transaction()
+    assert sent == []  # nobody asked meanwhile
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        dispatch.admit_requests_left_to_this_transaction()
+        AdmissionRequest.objects.update_or_create(pk=1, defaults={"requested_at": timezone.now()})  # found it held
+    assert sent == [dispatch.ADMIT]
