@@ -87,18 +87,7 @@ def submit_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> Trainin
     """Store the job queued (its first attempt and its event with it, behind the queue cap) and ask for
     an admission cycle once that commits."""
     _check_spec(tenant_id=tenant_id, spec=spec)
-    job = TrainingJob(
-        tenant_id=tenant_id,
-        submitted_by_id=user_id,
-        name=spec.name,
-        spec=spec.to_dict(),
-        state=JobState.QUEUED,
-        total_steps=spec.workload.steps,
-        priority=spec.priority,
-        job_class=spec.workload.job_class,
-    )
-    attempt = JobAttempt(job=job, number=0)
-    event = transitions.new_event(job, kind=JobEvent.Kind.TRANSITION, to_state=JobState.QUEUED, message="submitted")
+    job, attempt, event = submission.queued_job(tenant_id=tenant_id, user_id=user_id, spec=spec)
     waiting = submission.store_queued_job(job, attempt, event)
     if waiting is not None:
         raise _queue_full(waiting)

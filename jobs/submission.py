@@ -17,8 +17,26 @@ from typing import Any
 
 from django.db import connections, models, router, transaction
 
+from jobs import transitions
 from jobs.models import JobAttempt, JobEvent, JobState, TrainingJob
+from runtime.jobspec import JobSpec
 from tenants import services as tenants
+
+
+def queued_job(*, tenant_id: int, user_id: int | None, spec: JobSpec) -> tuple[TrainingJob, JobAttempt, JobEvent]:
+    """A submission's rows, not yet stored: the job queued, its first attempt, its "submitted" event."""
+    job = TrainingJob(
+        tenant_id=tenant_id,
+        submitted_by_id=user_id,
+        name=spec.name,
+        spec=spec.to_dict(),
+        state=JobState.QUEUED,
+        total_steps=spec.workload.steps,
+        priority=spec.priority,
+        job_class=spec.workload.job_class,
+    )
+    event = transitions.new_event(job, kind=JobEvent.Kind.TRANSITION, to_state=JobState.QUEUED, message="submitted")
+    return job, JobAttempt(job=job, number=0), event
 
 
 def store_queued_job(job: TrainingJob, attempt: JobAttempt, event: JobEvent) -> int | None:

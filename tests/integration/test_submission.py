@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.forms.models import model_to_dict
 
-from jobs import submission, transitions
+from jobs import submission
 from jobs.models import JobAttempt, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
 from tenants.models import Tenant
@@ -19,19 +19,7 @@ SPEC = {"name": "statement", "devices": {"min": 1, "max": 4}, "flavors": ["h100-
 
 
 def _unsaved(tenant_id: int, user_id: int | None) -> tuple[TrainingJob, JobAttempt, JobEvent]:
-    spec = parse_job_spec(SPEC)
-    job = TrainingJob(
-        tenant_id=tenant_id,
-        submitted_by_id=user_id,
-        name=spec.name,
-        spec=spec.to_dict(),
-        state=JobState.QUEUED,
-        total_steps=spec.workload.steps,
-        priority=spec.priority,
-        job_class=spec.workload.job_class,
-    )
-    event = transitions.new_event(job, kind=JobEvent.Kind.TRANSITION, to_state=JobState.QUEUED, message="submitted")
-    return job, JobAttempt(job=job, number=0), event
+    return submission.queued_job(tenant_id=tenant_id, user_id=user_id, spec=parse_job_spec(SPEC))
 
 
 def _stored(job_id: int) -> tuple[dict, dict, dict]:
