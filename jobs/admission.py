@@ -350,9 +350,8 @@ def admit(requested_at: float | None = None) -> list[int]:
     Every submission and every ended job asks for a cycle. Rather than queue one cycle per request
     behind the lock, a request is written down first; a worker that finds the lock taken leaves,
     and the worker holding it runs once more if a request arrived, or a job was submitted, after its
-    snapshot. A request
-    is never lost: it is written before the lock is tried, and the holder reads requests only
-    after it let the lock go. Returns the ids this worker admitted.
+    snapshot. A request is never lost: it is written before the lock is tried, and the holder reads
+    requests only after it let the lock go. Returns the ids this worker admitted.
 
     ``requested_at`` (seconds since the epoch): when the request was sent, after the requester's
     commit. A cycle that read its snapshot later has seen that change; once such a cycle has
