@@ -26,6 +26,7 @@ from jobs.artifacts import model_download as model_download
 from jobs.backends import get_backend
 from jobs.bundles import BundleNotFound as BundleNotFound
 from jobs.bundles import BundleRefused as BundleRefused
+from jobs.bundles import Readable as Readable
 from jobs.bundles import bundle_entrypoint as bundle_entrypoint
 from jobs.bundles import bundle_path as bundle_path
 from jobs.bundles import get_bundle as get_bundle
@@ -122,6 +123,7 @@ __all__ = [
     "InvalidTransition",
     "JobFilter",
     "JobNotFound",
+    "Readable",
     "ReportedPoint",
     "Resize",
     "TelemetryRejected",

@@ -91,7 +91,7 @@ class BundleListView(APIView):
             if upload.size is not None and upload.size > limit:
                 raise _too_large(limit)
             name = request.POST.get("name") or upload.name or ""
-            source = upload
+            source: services.Readable = upload
         elif media_type in RAW_TYPES:
             if declared is not None and declared > limit:
                 raise _too_large(limit)
