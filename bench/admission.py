@@ -5,7 +5,9 @@
 - overshoots, leaked_reservations, admission_p50_ms, admission_p99_ms: on PostgreSQL (a scratch
   database, polychip_bench, dropped and made again), through production's path. The project's
   Celery worker (`polychip up`'s options: prefork, 2 processes) runs the admission cycles; its
-  broker is a Redis database of the bench's own (BENCH_BROKER, flushed); bench/_admission_worker.py,
+  broker is a Redis database of the bench's own (BENCH_BROKER, flushed), which also holds the cache
+  that every process shares as in production (POLYCHIP_CACHE_URL: requests for admission coalesce
+  through it, so a burst sends a few, not one per submission); bench/_admission_worker.py,
   loaded into it, reports each committed cycle's decisions and sends provisioning nowhere. Each
   trial starts 64 client processes (forked, each with its own connection, as a server process
   handles a request) at a barrier; each submits a job of 1, 2, 4 or 8 h100-sxm through
@@ -115,6 +117,9 @@ def setup_django(db: str = BENCH_DB, var: str = "bench") -> None:
     # Requests for admission go through Redis to the bench's worker (admission_worker), which runs
     # the cycles; provisioning goes to a queue nobody consumes, and no job is launched.
     os.environ["CELERY_BROKER_URL"] = BROKER
+    # As in production, every process shares a cache in Redis (POLYCHIP_CACHE_URL; here the broker's
+    # database): requests for admission coalesce through it (jobs.dispatch).
+    os.environ["POLYCHIP_CACHE_URL"] = BROKER
     import redis
 
     redis.Redis.from_url(BROKER).flushdb()
@@ -346,7 +351,9 @@ class ApiClients:
     def __init__(self, tokens: dict[int, str]) -> None:
         from bench.api import serve
 
-        self.server, self.url = serve(str(ROOT / "var" / "bench" / "admission-api"), database=BENCH_DB, broker=BROKER)
+        self.server, self.url = serve(
+            str(ROOT / "var" / "bench" / "admission-api"), database=BENCH_DB, broker=BROKER, cache=BROKER
+        )
         self.tokens = tokens
 
     async def _client(self, task: tuple[Any, ...], go: Any, ready: Any) -> tuple[int, float, float | None]:

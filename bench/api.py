@@ -121,10 +121,11 @@ def seed(jobs: int) -> tuple[int, str]:
 
 
 def serve(
-    scratch: str, workers: int = 1, *, database: str = BENCH_DB, broker: str = "memory://"
+    scratch: str, workers: int = 1, *, database: str = BENCH_DB, broker: str = "memory://", cache: str = ""
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A uvicorn server as `polychip up` runs it, on the scratch database ``database``, sending its
-    tasks to ``broker`` (by default nowhere: no job is admitted or launched), throttles lifted."""
+    tasks to ``broker`` (by default nowhere: no job is admitted or launched), throttles lifted; its
+    cache is ``cache`` (a Redis URL, as POLYCHIP_CACHE_URL) where given."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "CHANNEL_", "POLYCHIP_"))}
     env.update(
@@ -136,7 +137,9 @@ def serve(
         POLYCHIP_PASSWORD_HASHERS="django.contrib.auth.hashers.MD5PasswordHasher",
     )
     if workers > 1:  # as `polychip up` requires for several server processes: a shared cache and channel layer
-        env.update(CHANNEL_REDIS_URL=REDIS, POLYCHIP_CACHE_URL=REDIS)
+        env.update(CHANNEL_REDIS_URL=REDIS, POLYCHIP_CACHE_URL=cache or REDIS)
+    elif cache:
+        env.update(POLYCHIP_CACHE_URL=cache)
     command = [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--port", str(port)]
     command += ["--workers", str(workers)]
     server = subprocess.Popen([*command, "--log-level", "warning"], env=env, cwd=ROOT)

@@ -401,6 +401,10 @@ CACHES = {
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
     )
 }
+# Requests for admission coalesce through that cache when every process shares it: a sender that finds
+# a request still waiting for a worker sends none, since the worker that takes it decides after both
+# commits (jobs.dispatch). A per-process cache cannot tell a server that a worker took one.
+POLYCHIP_COALESCE_ADMISSION_REQUESTS = bool(CACHE_URL)
 CHANNEL_LAYERS = {
     "default": (
         {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [CHANNEL_REDIS_URL]}}

@@ -354,11 +354,13 @@ def admit(requested_at: float | None = None) -> list[int]:
     requests only after it let the lock go. Returns the ids this worker admitted.
 
     ``requested_at`` (seconds since the epoch): when the request was sent, after the requester's
-    commit. A cycle that read its snapshot later has seen that change; once such a cycle has
-    committed, the request is served and costs one read. Without it (beat's sweep) a cycle runs.
+    commit (or, where requests coalesce, when this worker took it: ``dispatch.take_admission_request``).
+    A cycle that read its snapshot later has seen that change; once such a cycle has committed, the
+    request is served and costs one read. Without it (beat's sweep) a cycle runs.
     Clocks of different hosts may disagree: a request skipped by mistake waits for the sweep's
     next cycle (a second), and is never lost.
     """
+    requested_at = dispatch.take_admission_request(requested_at)
     if not _waiting_and_unserved(requested_at):
         return []  # nothing waits, or a later cycle decided: one indexed read
     requested = timezone.now()

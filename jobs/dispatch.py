@@ -8,9 +8,12 @@ broker hiccup must not turn a committed change into an error (the beat sweep fin
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any
 
+from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
@@ -28,14 +31,59 @@ FANNED_OUT = frozenset({PROVISION, TEARDOWN})
 # at 10,000 queued jobs), and a worker sends the tasks, off the admission's critical path.
 FAN_OUT_CHUNK = 100
 
+log = logging.getLogger(__name__)
+
+
+# Where a request for admission that no worker took yet is marked, in the cache every process shares
+# (``POLYCHIP_COALESCE_ADMISSION_REQUESTS``). The mark expires: a request lost on its way to the broker
+# holds back the next ones this long at most, and beat's sweep runs a cycle every second meanwhile.
+PENDING_ADMIT_KEY = "jobs:admission-request-pending"
+PENDING_ADMIT_TTL_S = 2
+
 
 def send(task_name: str, *args: Any) -> None:
     """Enqueue now. A request for admission carries when it was sent (after the requester's commit):
     a worker that takes it once a cycle begun later has committed has nothing left to do for it
-    (``admission.admit``), so a burst of submissions costs one or two cycles, not one each."""
+    (``admission.admit``), so a burst of submissions costs one or two cycles, not one each.
+
+    Where the cache is shared, a request is not even sent while another waits in the broker
+    (``_admission_request_pending``): a burst of 64 submissions then sends a few requests, not 64,
+    and the workers take a few tasks (1-2 ms of CPU each), not 64."""
     if task_name == ADMIT and not args:
+        if _admission_request_pending():
+            return
         args = (time.time(),)
     app.send_task(task_name, args=args)
+
+
+def _admission_request_pending() -> bool:
+    """Whether a request for admission waits in the broker, untaken; if none does, mark the one the
+    caller is about to send. Marking is atomic (the cache's add), so of senders at the same instant
+    exactly one sends. A sender that finds the mark has committed before the worker that takes the
+    marked request clears it (``take_admission_request``), and that worker decides only after clearing
+    it: the caller's change is seen without a request of its own."""
+    if not settings.POLYCHIP_COALESCE_ADMISSION_REQUESTS:
+        return False
+    try:
+        return not cache.add(PENDING_ADMIT_KEY, 1, timeout=PENDING_ADMIT_TTL_S)
+    except Exception:  # the cache only saves work: whatever fails in it, the request is sent
+        log.warning("admission request: the shared cache failed; sending the request", exc_info=True)
+        return False
+
+
+def take_admission_request(requested_at: float | None) -> float | None:
+    """A worker's half of coalescing, before it looks at the queue: clear the pending mark, and return
+    the moment the request now stands for. Senders that found the mark did not send their own, and
+    they committed before it was cleared: the request covers every change up to the clearing, so it is
+    stamped then, not when it was sent (a cycle between the two would not have seen them). A request
+    of beat's sweep (None) is left as it is: it always runs a cycle."""
+    if requested_at is None or not settings.POLYCHIP_COALESCE_ADMISSION_REQUESTS:
+        return requested_at
+    try:
+        cache.delete(PENDING_ADMIT_KEY)
+    except Exception:  # the mark then expires; meanwhile the sweep decides what it held back
+        log.warning("admission request: the shared cache failed; its mark expires on its own", exc_info=True)
+    return time.time()
 
 
 def send_each(task_name: str, args_list: list[tuple[Any, ...]]) -> None:

@@ -386,3 +386,81 @@ def test_a_holder_without_a_loop_asks_for_the_cycle_left_to_it(lab, monkeypatch,
         dispatch.admit_requests_left_to_this_transaction()
         AdmissionRequest.objects.update_or_create(pk=1, defaults={"requested_at": timezone.now()})  # found it held
     assert sent == [dispatch.ADMIT]
+
+
+@pytest.fixture
+def coalescing(settings, monkeypatch):
+    """Requests for admission coalesce through a cache in Redis that every process shares, as in
+    production (POLYCHIP_CACHE_URL). The requests for admission are recorded rather than sent: no worker
+    runs here, and the test takes each request as a worker would."""
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": settings.CELERY_BROKER_URL,
+            "KEY_PREFIX": "test-coalescing",
+        }
+    }
+    settings.POLYCHIP_COALESCE_ADMISSION_REQUESTS = True
+    from django.core.cache import cache
+
+    cache.delete(dispatch.PENDING_ADMIT_KEY)
+    sent: list[tuple[float, ...]] = []
+
+    def record(name, args=(), **_):
+        if name == dispatch.ADMIT:
+            sent.append(tuple(args))
+
+    monkeypatch.setattr(dispatch.app, "send_task", record)
+    yield sent
+    cache.delete(dispatch.PENDING_ADMIT_KEY)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_submissions_sends_one_request_whose_cycle_decides_them_all(pool, cycles, coalescing):
+    acme = make_tenant("burst", nau_quota=None)
+    quota(acme, "ascend-910b", 4)
+    barrier = threading.Barrier(16)
+    submitted: list[int] = []
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        try:
+            barrier.wait()
+            submitted.append(submit(acme, 1, wait=True))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=client) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(submitted) == 16
+    assert len(coalescing) == 1  # one request in the broker; the other 15 submissions found it untaken
+    ((sent_at,),) = coalescing
+    services.admit_queued_jobs(sent_at)  # a worker takes it
+    assert len(cycles) == 1 and set(submitted) <= set(cycles[0].decided)
+    assert TrainingJob.objects.filter(pk__in=submitted, state=JobState.ADMITTED).count() == 4
+    submit(acme, 1, name="after it was taken")
+    assert len(coalescing) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_coalesced_request_covers_the_changes_up_to_when_it_is_taken(lab, cycles, coalescing):
+    """A request waits in the broker while a cycle (beat's sweep) decides the job that sent it; a job
+    submitted next finds the request untaken and sends none. Stamped when it was sent, the request
+    would count as served by the sweep's cycle, which never saw that job: it stands for when it is taken."""
+    acme = lab[0]
+    quota(acme, "ascend-910b", 4)
+    first = submit(acme, 1, name="first")
+    ((sent_at,),) = coalescing
+    time.sleep(SERVED_SLACK.total_seconds() + 0.01)
+    services.admit_queued_jobs(None)  # the sweep's cycle reads its snapshot past the request's stamp
+    assert len(cycles) == 1 and first in cycles[0].decided
+    second = submit(acme, 8, name="held back", wait=True)
+    assert len(coalescing) == 1  # the first request is still in the broker
+    services.admit_queued_jobs(sent_at)  # taken now
+    assert len(cycles) == 2 and second in cycles[1].decided
+    assert job(second).pending_reason  # decided: it waits, saying why

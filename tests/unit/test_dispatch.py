@@ -71,3 +71,65 @@ def test_a_request_for_admission_carries_when_it_was_sent_and_other_tasks_their_
     assert admit == dispatch.ADMIT and before <= stamp[0] <= after and len(stamp) == 1
     assert provision == (dispatch.PROVISION, (7,))
     assert kept == (dispatch.ADMIT, (12.5,))
+
+
+@pytest.fixture
+def coalescing(settings: Any) -> None:
+    """Requests for admission coalesce, as where every process shares the cache (in-process here)."""
+    settings.POLYCHIP_COALESCE_ADMISSION_REQUESTS = True
+
+
+def test_a_request_for_admission_is_not_sent_while_another_waits_untaken(
+    sent: list[tuple[str, tuple[Any, ...]]], coalescing: None
+) -> None:
+    for _ in range(3):
+        dispatch.send(dispatch.ADMIT)
+    assert [name for name, _ in sent] == [dispatch.ADMIT]  # the other two are covered by the first
+    (sent_at,) = sent[0][1]
+    before = time.time()
+    # A worker takes it: the request now stands for when it was taken, after both held-back commits.
+    taken_at = dispatch.take_admission_request(sent_at)
+    assert taken_at is not None and taken_at >= before >= sent_at
+    dispatch.send(dispatch.ADMIT)
+    assert len(sent) == 2  # taken: the next change sends its own
+
+
+def test_beats_request_leaves_the_pending_mark_alone(sent: list[tuple[str, tuple[Any, ...]]], coalescing: None) -> None:
+    dispatch.send(dispatch.ADMIT)
+    assert dispatch.take_admission_request(None) is None  # the sweep always runs a cycle
+    dispatch.send(dispatch.ADMIT)
+    assert len(sent) == 1  # the first request is still in the broker, and covers this one
+
+
+def test_without_a_shared_cache_every_request_is_sent(sent: list[tuple[str, tuple[Any, ...]]], settings: Any) -> None:
+    settings.POLYCHIP_COALESCE_ADMISSION_REQUESTS = False  # the embedded default: a cache per process
+    for _ in range(3):
+        dispatch.send(dispatch.ADMIT)
+    assert [name for name, _ in sent] == [dispatch.ADMIT] * 3
+    assert dispatch.take_admission_request(12.5) == 12.5  # stamped when sent
+
+
+def test_a_lost_request_holds_back_others_only_until_its_mark_expires(
+    sent: list[tuple[str, tuple[Any, ...]]], coalescing: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dispatch, "PENDING_ADMIT_TTL_S", 0.05)
+    dispatch.send(dispatch.ADMIT)  # suppose it never reaches a worker
+    dispatch.send(dispatch.ADMIT)
+    assert len(sent) == 1
+    time.sleep(0.1)
+    dispatch.send(dispatch.ADMIT)
+    assert len(sent) == 2
+
+
+def test_a_failing_cache_never_holds_a_request_back(
+    sent: list[tuple[str, tuple[Any, ...]]], coalescing: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def down(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("the cache is down")
+
+    monkeypatch.setattr(dispatch.cache, "add", down)
+    monkeypatch.setattr(dispatch.cache, "delete", down)
+    dispatch.send(dispatch.ADMIT)
+    dispatch.send(dispatch.ADMIT)
+    assert len(sent) == 2
+    assert dispatch.take_admission_request(1.0) is not None  # taken all the same, stamped now
