@@ -852,7 +852,7 @@ def main() -> None:
     figures["admission_api_burst_wall_s"] = through_api["burst_wall_s"]
     figures["admission_api_burst_cpu_s"] = through_api["burst_cpu_s"]
     figures["admission_api_burst_host_busy_share"] = through_api["burst_host_busy_share"]
-    # The floor with no worker: nothing but the submits (their requests wait in the broker).
+    # The floor with no worker: nothing but the submits (the request they send waits in the broker).
     floor_trials = max(6, trials // 10)
     floor = run_trials(
         scenarios, floor_trials, bar("the same bursts, submit only", floor_trials), ProcessClients(), admit=False
