@@ -242,8 +242,9 @@ class _Cycle:
         self.rooms: dict[tuple[int, str, int | None], _Rooms | None] = {}
         self.stamp: dict[int, int] = defaultdict(int)
         self.shares: dict[int, tuple[int, float]] = {}  # tenant -> (usage version, dominant share)
-        # tenant -> (usage version, room within nominal per resource), for _fits_nominal
-        self.nominal_rooms: dict[int, tuple[int, dict[str, int | None]]] = {}
+        # tenant -> (usage version, room within nominal per resource, and the answer per job shape), for
+        # _fits_nominal: a waiting head is asked again each time its tenant is pushed back on the heap
+        self.nominal_rooms: dict[int, tuple[int, dict[str, int | None], dict[Hashable, bool]]] = {}
         self.heap: list[tuple[int, float, int, float, int, int, int]] = []
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
@@ -288,16 +289,21 @@ class _Cycle:
         version = self.tenant_version[tenant_id]
         cached = self.nominal_rooms.get(tenant_id)
         if cached is None or cached[0] != version:
-            cached = (version, {})
+            cached = (version, {}, {})
             self.nominal_rooms[tenant_id] = cached
-        known = cached[1]
-        for resource in (*flavors, NAU):
-            if resource not in known:
-                known[resource] = self.ledger.nominal_room(tenant_id, resource)
-        rooms = [known[flavor] for flavor in flavors]
-        nau_room = known[NAU]
-        count, rates = job.min_devices or job.devices, self._rates(job, flavors)
-        return assign_flavors(count, flavors, rates, [count] * len(flavors), rooms, nau_room) is not None
+        _, known, answers = cached
+        count = job.min_devices or job.devices
+        shape = (count, flavors, job.job_class)  # all the answer depends on, for one usage version
+        answer = answers.get(shape)
+        if answer is None:
+            for resource in (*flavors, NAU):
+                if resource not in known:
+                    known[resource] = self.ledger.nominal_room(tenant_id, resource)
+            rooms = [known[flavor] for flavor in flavors]
+            rates = self._rates(job, flavors)
+            answer = assign_flavors(count, flavors, rates, [count] * len(flavors), rooms, known[NAU]) is not None
+            answers[shape] = answer
+        return answer
 
     def _nominal_assignment(
         self, job: PendingJob, flavors: Sequence[str], rates: Sequence[int]
