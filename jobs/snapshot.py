@@ -136,11 +136,11 @@ def pending_jobs() -> list[PendingJob]:
             job_id=pk,
             tenant_id=tenant_id,
             priority=priority,
-            submitted_at=created_at.timestamp(),
+            submitted_at=created_at,
             devices=int(devices),
             flavors=tuple(flavors),
             job_class=job_class,
-            queued_at=queued_at.timestamp(),
+            queued_at=queued_at,
             min_devices=int(min_devices) if elastic is True and min_devices else None,
         )
         for pk, tenant_id, priority, created_at, queued_at, devices, flavors, job_class, elastic, min_devices in rows
@@ -159,7 +159,7 @@ def _json(value: str | None) -> Any:
 
 def _window_rows(window: int) -> list[tuple[Any, ...]]:
     """Each tenant's first ``window`` waiting jobs (priority, then age, then id), as the columns of
-    ``_WINDOW_COLUMNS``.
+    ``_WINDOW_COLUMNS``, the two times in seconds since the epoch.
 
     On PostgreSQL one statement, an index scan per tenant (a LATERAL subquery over the partial index
     of waiting jobs) that reads the columns at once: under a millisecond with one tenant's 10,000
@@ -169,8 +169,11 @@ def _window_rows(window: int) -> list[tuple[Any, ...]]:
     if connection.vendor == "postgresql":
         jobs = TrainingJob._meta.db_table
         tenants_table = TrainingJob._meta.get_field("tenant").related_model._meta.db_table
+        # The times as seconds: the scheduler wants nothing else of them, and a float is read for a
+        # fraction of a timestamp's cost (20,000 of them at 10,000 waiting jobs).
         columns = (
-            "id, tenant_id, priority, created_at, state_changed_at, spec->'devices', spec->'flavors', job_class, "
+            "id, tenant_id, priority, EXTRACT(EPOCH FROM created_at)::float8, "
+            "EXTRACT(EPOCH FROM state_changed_at)::float8, spec->'devices', spec->'flavors', job_class, "
             "spec->'elastic', spec->'min_devices'"
         )
         sql = (
@@ -189,7 +192,12 @@ def _window_rows(window: int) -> list[tuple[Any, ...]]:
     )
     queued = TrainingJob.objects.filter(state=JobState.QUEUED).annotate(place=place).filter(place__lte=window)
     ids = list(queued.values_list("pk", flat=True))
-    return list(TrainingJob.objects.filter(pk__in=ids).values_list(*_WINDOW_COLUMNS))
+    return [
+        (pk, tenant_id, priority, created_at.timestamp(), queued_at.timestamp(), *rest)
+        for pk, tenant_id, priority, created_at, queued_at, *rest in TrainingJob.objects.filter(pk__in=ids).values_list(
+            *_WINDOW_COLUMNS
+        )
+    ]
 
 
 def usage_history(now: datetime, rates: Mapping[tuple[str, str], int]) -> dict[int, dict[str, float]]:
