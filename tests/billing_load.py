@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from billing import rating
 from billing.contracts import UsageInterval
+from tests.threads import at_once
 
 # --- the world: tenants on one price book ---------------------------------------------------------
 
@@ -357,31 +358,11 @@ def concurrent_invoice_runs(
     finalizing = [rng.random() < 0.5 for _ in range(runs)]
     finalizing[0], finalizing[-1] = True, False
     rng.shuffle(finalizing)
-    barrier = threading.Barrier(runs)
-    seen: list[int] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
 
-    def run(finalize: bool) -> None:
-        barrier.wait()
-        try:
-            view = (
-                services.finalize_invoice(tenant_id, period, now=now)
-                if finalize
-                else services.draft_invoice(tenant_id, period)
-            )
-        except BaseException as exc:
-            with lock:
-                errors.append(exc)
-            return
-        with lock:
-            seen.append(view.id)
+    def run(index: int) -> int:
+        if finalizing[index]:
+            return services.finalize_invoice(tenant_id, period, now=now).id
+        return services.draft_invoice(tenant_id, period).id
 
-    threads = [threading.Thread(target=_in_thread, args=(lambda f=f: run(f),)) for f in finalizing]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    seen = at_once(runs, run)
     return InvoiceRuns(set(seen), Invoice.objects.filter(tenant_id=tenant_id, period=period).count())

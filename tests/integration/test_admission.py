@@ -8,12 +8,11 @@ admitted jobs stay admitted until a test ends them. The demo pool has 2 h100-sxm
 from __future__ import annotations
 
 import random
-import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -25,6 +24,7 @@ from jobs.models import AdmissionRequest, Allocation, JobEvent, JobState, Traini
 from runtime.jobspec import parse_job_spec
 from tenants.models import Cohort, Quota, Tenant
 from tests.conftest import make_tenant
+from tests.threads import at_once
 
 pytestmark = pytest.mark.integration
 
@@ -260,30 +260,17 @@ def test_an_old_attempt_cannot_move_the_new_one(lab):
 def test_concurrent_submissions_never_overshoot_the_quota(tenants, pool):
     acme = make_tenant("racer", nau_quota=None)
     quota(acme, "ascend-910b", 4)
-    barrier = threading.Barrier(16)
     rng = random.Random(5)
     sizes = [rng.choice((1, 2, 4)) for _ in range(16)]
-    errors: list[BaseException] = []
 
-    def client(size: int) -> None:
-        try:
-            barrier.wait()
-            job_id = submit(acme, size)
-            services.admit_queued_jobs()
-            if job(job_id).state == JobState.ADMITTED and size < 4:
-                services.finish_job(job_id, JobState.SUCCEEDED)
-            services.admit_queued_jobs()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
+    def client(index: int) -> None:
+        job_id = submit(acme, sizes[index])
+        services.admit_queued_jobs()
+        if job(job_id).state == JobState.ADMITTED and sizes[index] < 4:
+            services.finish_job(job_id, JobState.SUCCEEDED)
+        services.admit_queued_jobs()
 
-    threads = [threading.Thread(target=client, args=(s,)) for s in sizes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    at_once(len(sizes), client)
     edges = []
     for a in Allocation.objects.filter(job__tenant_id=acme.id):
         edges.append((a.started_at, 1, 1))
@@ -419,25 +406,8 @@ def coalescing(settings, monkeypatch):
 def test_a_burst_of_submissions_sends_one_request_whose_cycle_decides_them_all(pool, cycles, coalescing):
     acme = make_tenant("burst", nau_quota=None)
     quota(acme, "ascend-910b", 4)
-    barrier = threading.Barrier(16)
-    submitted: list[int] = []
-    errors: list[BaseException] = []
-
-    def client() -> None:
-        try:
-            barrier.wait()
-            submitted.append(submit(acme, 1, wait=True))
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=client) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and len(submitted) == 16
+    submitted = at_once(16, lambda _: submit(acme, 1, wait=True))
+    assert len(set(submitted)) == 16
     assert len(coalescing) == 1  # one request in the broker; the other 15 submissions found it untaken
     ((sent_at,),) = coalescing
     services.admit_queued_jobs(sent_at)  # a worker takes it
