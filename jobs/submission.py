@@ -57,21 +57,28 @@ def store_queued_job(job: TrainingJob, attempt: JobAttempt, event: JobEvent) -> 
     def insert(model: type[models.Model], columns: list[str], source: str) -> str:
         return f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(map(quote, columns))}) SELECT {source}"
 
-    def placeholders(count: int) -> str:
-        return ", ".join(["%s"] * count)
+    def placeholders(values: list[Any]) -> str:
+        # A NULL is written into the statement rather than sent: a submission leaves about half of the
+        # columns empty, and with 50 parameters or fewer psycopg converts the statement once per
+        # process, not at every submission (its cache's limit).
+        return ", ".join("NULL" if value is None else "%s" for value in values)
+
+    def sent(values: list[Any]) -> list[Any]:
+        return [value for value in values if value is not None]
 
     tenant, state = quote("tenant_id"), quote("state")
     cap_sql, cap_params = tenants.queued_jobs_cap_sql(job.tenant_id)
     # S608: the identifiers are the models' own, quoted; every value travels as a parameter.
     sql = (
         f"WITH waiting AS (SELECT COUNT(*) AS n FROM {table} WHERE {tenant} = %s AND {state} = %s), "  # noqa: S608
-        f"job AS ({insert(TrainingJob, job_columns, placeholders(len(job_values)))} FROM waiting "
+        f"job AS ({insert(TrainingJob, job_columns, placeholders(job_values))} FROM waiting "
         f"WHERE waiting.n < {cap_sql} RETURNING {quote('id')}), "
-        f"attempt AS ({insert(JobAttempt, attempt_columns, 'job.id, ' + placeholders(len(attempt_values)))} FROM job), "
-        f"event AS ({insert(JobEvent, event_columns, 'job.id, ' + placeholders(len(event_values)))} FROM job) "
+        f"attempt AS ({insert(JobAttempt, attempt_columns, 'job.id, ' + placeholders(attempt_values))} FROM job), "
+        f"event AS ({insert(JobEvent, event_columns, 'job.id, ' + placeholders(event_values))} FROM job) "
         "SELECT waiting.n, job.id FROM waiting LEFT JOIN job ON true"
     )
-    params = [job.tenant_id, JobState.QUEUED, *job_values, *cap_params, *attempt_values, *event_values]
+    params = [job.tenant_id, JobState.QUEUED, *sent(job_values), *cap_params, *sent(attempt_values)]
+    params += sent(event_values)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         waiting, job_id = cursor.fetchone()
