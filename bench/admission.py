@@ -456,16 +456,17 @@ class BurstCpu:
         self.spent: dict[str, float] = defaultdict(float)
         self.bursts = 0
 
-    def _reading(self) -> dict[str, float]:
+    def _reading(self) -> dict[str, dict[int, float]]:
+        """CPU seconds so far per process of each group, and the host's busy seconds and the clock
+        (under pid 0)."""
         from bench.api import _cpu_s, _descendants, _postgres_pids
 
         trees = {name: set(_descendants(pid)) if pid else set() for name, pid in self.roots.items()}
         ours = set(_descendants(os.getpid())) - trees["worker"] - trees["server"]
-        reading = {name: sum(_cpu_s(p) for p in tree) for name, tree in trees.items()}
-        reading["postgres"] = sum(_cpu_s(p) for p in _postgres_pids())
-        reading["clients"] = sum(_cpu_s(p) for p in ours)
-        reading["host"] = _host_busy_s()
-        reading["wall"] = time.monotonic()
+        groups = {**trees, "postgres": set(_postgres_pids()), "clients": ours}
+        reading = {name: {pid: _cpu_s(pid) for pid in pids} for name, pids in groups.items()}
+        reading["host"] = {0: _host_busy_s()}
+        reading["wall"] = {0: time.monotonic()}
         return reading
 
     @contextlib.contextmanager
@@ -473,8 +474,12 @@ class BurstCpu:
         before = self._reading()
         yield
         after = self._reading()
-        for name, value in after.items():
-            self.spent[name] += value - before[name]
+        for name, processes in after.items():
+            # Per process: one that ended during the burst (an autovacuum worker, a closed connection's
+            # backend) takes its CPU with it, and must not count as negative CPU; one that started
+            # during it spent all of its CPU in it.
+            earlier = before[name]
+            self.spent[name] += sum(spent - earlier.get(pid, 0.0) for pid, spent in processes.items())
         self.bursts += 1
 
     def figures(self) -> dict[str, float]:
