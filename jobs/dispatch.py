@@ -52,7 +52,13 @@ def send(task_name: str, *args: Any) -> None:
     if task_name == ADMIT and not args:
         if _admission_request_pending():
             return
-        args = (time.time(),)
+        try:
+            app.send_task(task_name, args=(time.time(),))
+        except Exception:
+            # Not in the broker after all: the next change sends its own rather than wait for the mark to expire.
+            take_admission_request(0.0)
+            raise
+        return
     app.send_task(task_name, args=args)
 
 

@@ -133,3 +133,17 @@ def test_a_failing_cache_never_holds_a_request_back(
     dispatch.send(dispatch.ADMIT)
     assert len(sent) == 2
     assert dispatch.take_admission_request(1.0) is not None  # taken all the same, stamped now
+
+
+def test_a_request_the_broker_refused_holds_nothing_back(coalescing: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    messages: list[str] = []
+
+    def broker_down(name: str, args: Any = (), **_: Any) -> None:
+        raise ConnectionError("the broker is down")
+
+    monkeypatch.setattr(app, "send_task", broker_down)
+    with pytest.raises(ConnectionError):
+        dispatch.send(dispatch.ADMIT)
+    monkeypatch.setattr(app, "send_task", lambda name, args=(), **_: messages.append(name))
+    dispatch.send(dispatch.ADMIT)
+    assert messages == [dispatch.ADMIT]  # not held back by the mark of the request that never left
