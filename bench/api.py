@@ -137,8 +137,9 @@ def serve(
         POLYCHIP_PASSWORD_HASHERS="django.contrib.auth.hashers.MD5PasswordHasher",
     )
     if workers > 1:  # as `polychip up` requires for several server processes: a shared cache and channel layer
-        env.update(CHANNEL_REDIS_URL=REDIS, POLYCHIP_CACHE_URL=cache or REDIS)
-    elif cache:
+        env.update(CHANNEL_REDIS_URL=REDIS)
+        cache = cache or REDIS
+    if cache:
         env.update(POLYCHIP_CACHE_URL=cache)
     command = [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--port", str(port)]
     command += ["--workers", str(workers)]

@@ -49,17 +49,16 @@ def send(task_name: str, *args: Any) -> None:
     Where the cache is shared, a request is not even sent while another waits in the broker
     (``_admission_request_pending``): a burst of 64 submissions then sends a few requests, not 64,
     and the workers take a few tasks (1-2 ms of CPU each), not 64."""
-    if task_name == ADMIT and not args:
-        if _admission_request_pending():
-            return
-        try:
-            app.send_task(task_name, args=(time.time(),))
-        except Exception:
-            # Not in the broker after all: the next change sends its own rather than wait for the mark to expire.
-            take_admission_request(0.0)
-            raise
+    if task_name != ADMIT or args:
+        app.send_task(task_name, args=args)
         return
-    app.send_task(task_name, args=args)
+    if _admission_request_pending():
+        return
+    try:
+        app.send_task(task_name, args=(time.time(),))
+    except Exception:
+        _clear_admission_mark()  # not in the broker after all: the next change sends its own
+        raise
 
 
 def _admission_request_pending() -> bool:
@@ -85,11 +84,17 @@ def take_admission_request(requested_at: float | None) -> float | None:
     of beat's sweep (None) is left as it is: it always runs a cycle."""
     if requested_at is None or not settings.POLYCHIP_COALESCE_ADMISSION_REQUESTS:
         return requested_at
+    _clear_admission_mark()
+    return time.time()
+
+
+def _clear_admission_mark() -> None:
+    if not settings.POLYCHIP_COALESCE_ADMISSION_REQUESTS:
+        return
     try:
         cache.delete(PENDING_ADMIT_KEY)
     except Exception:  # the mark then expires; meanwhile the sweep decides what it held back
         log.warning("admission request: the shared cache failed; its mark expires on its own", exc_info=True)
-    return time.time()
 
 
 def send_each(task_name: str, args_list: list[tuple[Any, ...]]) -> None:

@@ -128,9 +128,13 @@ def claim(
         _start_attempt(job_id, number + 1, previous_devices)
     # The row as the UPDATE left it, without reading it again: it is locked, so only these changed.
     job.state, job.state_changed_at, job.attempt = to_state, now, number + 1 if next_attempt else number
-    computed = [name for name, value in fields.items() if hasattr(value, "resolve_expression") and name != "attempt"]
+    computed = []
     for name, value in fields.items():
-        if name != "attempt" and name not in computed:
+        if name == "attempt":
+            continue
+        if hasattr(value, "resolve_expression"):
+            computed.append(name)
+        else:
             setattr(job, name, value)
     if computed:  # what the database computed (an F(), a Now()) is read back
         job.refresh_from_db(fields=computed)
