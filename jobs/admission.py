@@ -19,12 +19,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Exists, F, QuerySet, Subquery
 from django.utils import timezone
 
 from billing import services as billing
-from controlplane import compiled_queries
+from controlplane import bulk, compiled_queries
 from controlplane.monitoring import priority_band
 from jobs import dispatch, locks, moving, transitions
 from jobs.metering import end_allocations_of, open_allocations, open_usage
@@ -190,38 +190,14 @@ def _admit_all(admissions: Iterable[Admission], now: datetime) -> tuple[list[int
 
 
 def _record_waiting(waiting: Iterable[tuple[int, str]]) -> int:
-    """Write each waiting job's reason where it changed, a thousand rows per statement.
+    """Write each waiting job's reason where it changed, in one statement; returns how many wait.
 
     Reasons carry live figures ("6 of 8 in use"), so after a busy cycle most of them change; one
-    UPDATE per job would cost more than the decision itself at 10,000 jobs.
+    UPDATE per job would cost more than the decision itself at 10,000 jobs. The comparison happens in
+    the database, so the current reasons are never read out (8,500 of them at 10,000 queued jobs).
     """
-    wanted = {job_id: reason[:500] for job_id, reason in waiting}
-    table = connection.ops.quote_name(TrainingJob._meta.db_table)
-    if connection.vendor == "postgresql" and wanted:
-        # One statement with two array parameters; the comparison happens in the database, so the
-        # current reasons are never read out (8,500 of them at 10,000 queued jobs).
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {table} SET pending_reason = v.reason "  # noqa: S608 (the quoted table name only)
-                "FROM unnest(%s::bigint[], %s::text[]) AS v(id, reason) "
-                f"WHERE {table}.id = v.id AND {table}.state = %s AND {table}.pending_reason IS DISTINCT FROM v.reason",
-                [list(wanted), list(wanted.values()), JobState.QUEUED.value],
-            )
-        return len(wanted)
-    current = dict(TrainingJob.objects.filter(pk__in=wanted, state=JobState.QUEUED).values_list("pk", "pending_reason"))
-    changed = [(job_id, reason) for job_id, reason in wanted.items() if job_id in current and current[job_id] != reason]
-    with connection.cursor() as cursor:
-        for start in range(0, len(changed), 1000):
-            chunk = changed[start : start + 1000]
-            rows = ", ".join(["(%s, %s)"] * len(chunk))
-            # VALUES names its columns column1, column2 on PostgreSQL and SQLite alike; both have
-            # UPDATE ... FROM (SQLite since 3.33). Only the quoted table name and placeholders are
-            # spliced into the statement; every value goes as a parameter.
-            cursor.execute(
-                f"UPDATE {table} SET pending_reason = v.column2 FROM (VALUES {rows}) AS v "  # noqa: S608
-                f"WHERE {table}.id = v.column1 AND {table}.state = %s",
-                [value for row in chunk for value in row] + [JobState.QUEUED.value],
-            )
+    wanted = {job_id: (reason[:500],) for job_id, reason in waiting}
+    bulk.update_rows(TrainingJob, ["pending_reason"], wanted, where={"state": JobState.QUEUED}, only_changed=True)
     return len(wanted)
 
 

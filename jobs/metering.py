@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from billing import services as billing
 from billing.contracts import OpenUsage, UsageInterval
+from controlplane import bulk
 from jobs.contracts import IdleUsage
 from jobs.models import Allocation, Device, JobAttempt, TrainingJob
 from jobs.throughput import nau_rates
@@ -42,11 +43,11 @@ def open_allocations(gangs: Mapping[int, Sequence[str]], started_at: datetime) -
     if connection.vendor == "postgresql":
         allocation = connection.ops.quote_name(Allocation._meta.db_table)
         device = connection.ops.quote_name(Device._meta.db_table)
-        with connection.cursor() as cursor:
+        with bulk.array_cursor() as cursor:
             # Only the quoted table names are spliced into the statement; every value goes as a parameter.
             cursor.execute(
                 f"INSERT INTO {allocation} (job_id, device_id, rank, started_at) "  # noqa: S608
-                f"SELECT v.job_id, d.id, v.rank, %s FROM unnest(%s::bigint[], %s::text[], %s::int[]) "
+                f"SELECT v.job_id, d.id, v.rank, %b FROM unnest(%b::bigint[], %b::text[], %b::int[]) "
                 f"AS v(job_id, name, rank) JOIN {device} d ON d.device_id = v.name",
                 [started_at, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
             )

@@ -12,7 +12,6 @@ and reason, and the next one its row, in the same transaction.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +20,7 @@ from typing import Any
 from django.db.models import F
 from django.utils import timezone
 
+from controlplane import bulk
 from jobs import locks
 from jobs.models import TRANSITIONS, JobAttempt, JobEvent, TrainingJob, sources_of
 
@@ -188,27 +188,15 @@ def claim_many(
     if moved != len(claimed):  # a row lock that did not hold: undo the cycle rather than part of it
         raise RuntimeError(f"claimed {moved} of {len(claimed)} locked jobs")
     varying = [key for key in keys if key not in shared]
-    if varying:
-        # One UPDATE per distinct set of the remaining values (a demand and a borrowing flag take few
-        # distinct values across a cycle): Django's bulk_update builds a CASE per row, slower here.
-        groups: dict[str, tuple[dict[str, Any], list[int]]] = {}
-        for job, move in claimed:
-            values = {key: move.fields.get(key) for key in varying}
-            key = json.dumps(values, sort_keys=True, default=str)
-            groups.setdefault(key, (values, []))[1].append(job.pk)
-        for values, ids in groups.values():
-            TrainingJob.objects.filter(pk__in=ids).update(**values)
-    JobEvent.objects.bulk_create(
-        JobEvent(
-            job_id=job.pk,
-            tenant_id=job.tenant_id,
-            kind=JobEvent.Kind.TRANSITION,
-            from_state=from_state,
-            to_state=to_state,
-            message=move.message[:500],
-            data=dict(move.data),
-        )
-        for job, move in claimed
+    # The rest (a demand, a message) in one more statement, a row per job.
+    bulk.update_rows(TrainingJob, varying, {job.pk: [move.fields.get(key) for key in varying] for job, move in claimed})
+    bulk.insert_rows(
+        JobEvent,
+        ["job", "tenant", "kind", "from_state", "to_state", "message", "data", "created_at"],
+        (
+            (job.pk, job.tenant_id, JobEvent.Kind.TRANSITION, from_state, to_state, move.message[:500], dict(move.data), now)
+            for job, move in claimed
+        ),
     )
     if next_attempt:
         _next_attempts(claimed, to_state, now)
