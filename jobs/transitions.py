@@ -157,8 +157,8 @@ class BulkMove:
 def claim_many(
     moves: Iterable[BulkMove], from_state: str, to_state: str, *, now: datetime, next_attempt: bool = False
 ) -> tuple[list[TrainingJob], list[int]]:
-    """The bulk form of ``claim`` for an admission cycle: the rows locked in id order, one
-    conditional UPDATE each, the events in one insert. Returns (the jobs moved, ids whose claim
+    """The bulk form of ``claim`` for an admission cycle: the rows locked in id order, moved in one
+    UPDATE, the events in one insert. Returns (the jobs moved, ids whose claim
     failed: they stay where they are, and the next cycle decides again). ``next_attempt`` as for
     ``claim``: each job's current attempt ends (its move's message the reason) and the next starts."""
     moves = list(moves)
@@ -172,29 +172,33 @@ def claim_many(
     if not claimed:
         return [], lost
     # The rows are locked and in ``from_state``: nothing can move them before this transaction ends, so
-    # the claim is a few set-wise UPDATEs, not one per job (a cycle claims a thousand jobs at scale).
-    # Fields with one value for every job go in one UPDATE; the rest, per job, in a batched one.
+    # the claim is one UPDATE for them all, a row of values per job (a cycle claims a thousand jobs at
+    # scale: one new version of each row, not one per statement), and one more only for what the
+    # database computes (a counter's increment), which must then be the same for every job.
     keys = sorted({key for _, move in claimed for key in move.fields})
-    shared = {
-        key: claimed[0][1].fields[key]
-        for key in keys
-        if all(key in move.fields and move.fields[key] == claimed[0][1].fields[key] for _, move in claimed)
-    }
-    if next_attempt:
-        shared["attempt"] = F("attempt") + 1
-    moved = TrainingJob.objects.filter(pk__in=[job.pk for job, _ in claimed], state=from_state).update(
-        state=to_state, state_changed_at=now, **shared
+    computed = [key for key in keys if any(hasattr(move.fields.get(key), "resolve_expression") for _, move in claimed)]
+    plain = [key for key in keys if key not in computed]
+    expressions = {key: claimed[0][1].fields.get(key) for key in computed}
+    if any(move.fields.get(key) != value for key, value in expressions.items() for _, move in claimed):
+        raise ValueError(f"a bulk claim computes {', '.join(computed)} the same way for every job")
+    moved = bulk.update_rows(
+        TrainingJob,
+        ["state", "state_changed_at", *plain],
+        {job.pk: (to_state, now, *(move.fields.get(key) for key in plain)) for job, move in claimed},
+        where={"state": from_state},
     )
     if moved != len(claimed):  # a row lock that did not hold: undo the cycle rather than part of it
         raise RuntimeError(f"claimed {moved} of {len(claimed)} locked jobs")
-    varying = [key for key in keys if key not in shared]
-    # The rest (a demand, a message) in one more statement, a row per job.
-    bulk.update_rows(TrainingJob, varying, {job.pk: [move.fields.get(key) for key in varying] for job, move in claimed})
+    if next_attempt:
+        expressions["attempt"] = F("attempt") + 1
+    if expressions:
+        TrainingJob.objects.filter(pk__in=[job.pk for job, _ in claimed]).update(**expressions)
+    kind = JobEvent.Kind.TRANSITION
     bulk.insert_rows(
         JobEvent,
         ["job", "tenant", "kind", "from_state", "to_state", "message", "data", "created_at"],
         (
-            (job.pk, job.tenant_id, JobEvent.Kind.TRANSITION, from_state, to_state, move.message[:500], dict(move.data), now)
+            (job.pk, job.tenant_id, kind, from_state, to_state, move.message[:500], dict(move.data), now)
             for job, move in claimed
         ),
     )

@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 WHEN = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+# A reason with what quoting gets wrong: quotes and a backslash.
+REASON = '6 of 8 in use; it\'s "quoted", and has a \\ backslash'
 
 
 def run() -> dict[str, Any]:
@@ -32,7 +34,7 @@ def run() -> dict[str, Any]:
     answers["reasons_changed"] = bulk.update_rows(
         TrainingJob,
         ["pending_reason"],
-        {ids[0]: ("6 of 8 in use; it's \"quoted\", and has a \\ backslash",), ids[1]: ("old",), ids[2]: ("",), ids[3]: ("x",)},
+        {ids[0]: (REASON,), ids[1]: ("old",), ids[2]: ("",), ids[3]: ("x",)},
         where={"state": JobState.QUEUED},
         only_changed=True,
     )
@@ -48,11 +50,12 @@ def run() -> dict[str, Any]:
         .order_by("pk")
         .values_list("pending_reason", "demand", "borrowing", "state", "admitted_at")
     ]
+    kind = JobEvent.Kind.TRANSITION
     answers["events_inserted"] = bulk.insert_rows(
         JobEvent,
         ["job", "tenant", "kind", "from_state", "to_state", "message", "data", "created_at"],
         [
-            (ids[n], tenant.pk, JobEvent.Kind.TRANSITION, "queued", "admitted", f"admitted {n}", {"devices": [f"d/{n}"]}, WHEN)
+            (ids[n], tenant.pk, kind, "queued", "admitted", f"admitted {n}", {"devices": [f"d/{n}"]}, WHEN)
             for n in range(2)
         ],
     )

@@ -212,6 +212,27 @@ def choose_devices(
     return forced + (_choose(by_node, need, distance, seeds) if need else [])
 
 
+class _KeptDistance:
+    """A node-distance function that keeps its answers: a cycle asks the same pairs again and again (each
+    gang that spans nodes measures every node with room from four seeds), and the fabric does not change
+    within a cycle."""
+
+    __slots__ = ("_distance", "_rows")
+
+    def __init__(self, distance: NodeDistance) -> None:
+        self._distance = distance
+        self._rows: dict[str, dict[str, int]] = {}
+
+    def __call__(self, a: str, b: str) -> int:
+        row = self._rows.get(a)
+        if row is None:
+            row = self._rows[a] = {}
+        hops = row.get(b)
+        if hops is None:
+            hops = row[b] = self._distance(a, b)
+        return hops
+
+
 class FreePool:
     """The free devices of a cycle, by flavor and node, that hands out devices as ``_pack`` would.
 
@@ -225,7 +246,7 @@ class FreePool:
     """
 
     def __init__(self, free: Iterable[FreeDevice] = (), distance: NodeDistance | None = None) -> None:
-        self._distance = distance
+        self._distance = None if distance is None else _KeptDistance(distance)
         self._nodes: dict[str, dict[str, list[FreeDevice]]] = defaultdict(dict)  # flavor -> node -> by id
         self._order: dict[str, list[tuple[int, str]]] = defaultdict(list)  # flavor -> sorted (-free, node)
         self._count: dict[str, int] = defaultdict(int)

@@ -20,7 +20,7 @@ from tests import bulk_scenario
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[2]
-REASON = "6 of 8 in use; it's \"quoted\", and has a \\ backslash"
+REASON = bulk_scenario.REASON
 WHEN = bulk_scenario.WHEN.isoformat()
 
 
@@ -65,11 +65,10 @@ def test_the_embedded_default_sqlite_gives_the_same_answers(tmp_path):
 
 def test_a_bulk_statement_runs_in_the_callers_transaction_and_is_logged_as_any_query(tenants):
     job = TrainingJob.objects.create(tenant_id=tenants[0].id, name="t", spec={}, pending_reason="before")
-    with CaptureQueriesContext(connection) as queries:
-        with transaction.atomic():
-            assert bulk.update_rows(TrainingJob, ["pending_reason"], {job.pk: ("inside",)}) == 1
-            assert TrainingJob.objects.get(pk=job.pk).pending_reason == "inside"
-            transaction.set_rollback(True)
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        assert bulk.update_rows(TrainingJob, ["pending_reason"], {job.pk: ("inside",)}) == 1
+        assert TrainingJob.objects.get(pk=job.pk).pending_reason == "inside"
+        transaction.set_rollback(True)
     assert TrainingJob.objects.get(pk=job.pk).pending_reason == "before"
     assert any("unnest" in query["sql"] for query in queries.captured_queries)
 
@@ -85,4 +84,4 @@ def test_the_jobs_table_leaves_room_on_each_page_for_a_rows_next_version():
     with connection.cursor() as cursor:
         cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [TrainingJob._meta.db_table])
         (options,) = cursor.fetchone()
-    assert "fillfactor=70" in options
+    assert "fillfactor=50" in options

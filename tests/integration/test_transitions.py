@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 from django.db import transaction
+from django.db.models import F
 
 from jobs import transitions
 from jobs.models import TRANSITIONS, JobAttempt, JobEvent, JobState, TrainingJob
@@ -68,3 +69,37 @@ def test_the_bulk_claim_moves_those_still_in_the_source_state_and_reports_the_re
         (waiting[0].pk, JobState.ADMITTED, {"n": waiting[0].pk}),
         (waiting[2].pk, JobState.ADMITTED, {"n": waiting[2].pk}),
     ]
+
+
+def test_the_bulk_claim_writes_each_jobs_own_values_and_what_the_database_computes(tenants):
+    waiting = [_job(tenants[0].id, JobState.ADMITTED) for _ in range(2)]
+    moves = [
+        transitions.BulkMove(
+            job.pk,
+            {"demand": {"nau": 1000 * (n + 1)}, "borrowing": n == 1, "preemptions": F("preemptions") + 1},
+            "preempted",
+            {},
+        )
+        for n, job in enumerate(waiting)
+    ]
+    now = waiting[0].created_at
+    with transaction.atomic():
+        won, lost = transitions.claim_many(moves, JobState.ADMITTED, JobState.QUEUED, now=now, next_attempt=True)
+    assert (len(won), lost) == (2, [])
+    rows = TrainingJob.objects.filter(pk__in=[job.pk for job in waiting]).order_by("pk")
+    assert [(r.state, r.state_changed_at, r.demand, r.borrowing, r.preemptions, r.attempt) for r in rows] == [
+        (JobState.QUEUED, now, {"nau": 1000}, False, 1, 1),
+        (JobState.QUEUED, now, {"nau": 2000}, True, 1, 1),
+    ]
+
+
+def test_a_bulk_claim_that_would_compute_a_field_differently_per_job_is_refused_and_changes_nothing(tenants):
+    waiting = [_job(tenants[0].id, JobState.ADMITTED) for _ in range(2)]
+    moves = [
+        transitions.BulkMove(job.pk, {"preemptions": F("preemptions") + n}, "x", {}) for n, job in enumerate(waiting)
+    ]
+    with pytest.raises(ValueError, match="computes preemptions the same way"), transaction.atomic():
+        transitions.claim_many(moves, JobState.ADMITTED, JobState.QUEUED, now=waiting[0].created_at)
+    assert set(TrainingJob.objects.filter(pk__in=[j.pk for j in waiting]).values_list("state", flat=True)) == {
+        JobState.ADMITTED
+    }
