@@ -14,11 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from django.db import connection
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
-from django.db.models import Field, Model
+from django.db.models import (
+    BooleanField,
+    CharField,
+    DateTimeField,
+    Field,
+    ForeignKey,
+    IntegerField,
+    Model,
+    TextField,
+)
 
 # Rows per statement on SQLite, whose statements take at most 32,766 parameters.
 SQLITE_ROWS = 500
@@ -55,13 +65,33 @@ def _column(field: Field[Any, Any]) -> str:
     return connection.ops.quote_name(field.column)
 
 
+def _ready_type(field: Field[Any, Any]) -> type | None:
+    """The Python type whose values the field would hand the database unchanged, if any: such a value
+    skips ``get_db_prep_save``, which costs ~6 us a value (a cycle writes 40,000 of them). A JSON value
+    always goes through it; a datetime only on PostgreSQL, which takes an aware one as it is."""
+    target = field.target_field if isinstance(field, ForeignKey) else field
+    if isinstance(target, BooleanField):
+        return bool
+    if isinstance(target, IntegerField):  # the auto fields too
+        return int
+    if isinstance(target, CharField | TextField):
+        return str
+    if isinstance(target, DateTimeField) and connection.vendor == "postgresql":
+        return datetime
+    return None
+
+
 def _columns(fields: Sequence[Field[Any, Any]], rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
     """One list per field, of the values as the database takes them (a dict as JSON, a datetime as a timestamp)."""
     columns: list[list[Any]] = [[] for _ in fields]
+    ready = [_ready_type(field) for field in fields]
     for row in rows:
         if len(row) != len(fields):
             raise ValueError(f"a row has {len(row)} values for {len(fields)} fields")
-        for column, field, value in zip(columns, fields, row, strict=True):
+        for column, field, kind, value in zip(columns, fields, ready, row, strict=True):
+            if type(value) is kind and (not isinstance(value, datetime) or value.tzinfo is not None):
+                column.append(value)
+                continue
             if hasattr(value, "resolve_expression"):
                 raise TypeError(f"{field.name}: an expression cannot be written in bulk, only a value")
             column.append(field.get_db_prep_save(value, connection))

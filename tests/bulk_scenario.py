@@ -44,6 +44,9 @@ def run() -> dict[str, Any]:
         ["demand", "borrowing", "admitted_at"],
         {ids[0]: ({"nau": 1500, "a100-sxm": 2}, True, WHEN), ids[1]: ({}, False, None)},
     )
+    # A value not of the field's own type goes through the field's conversion, as the ORM's writes do.
+    bulk.update_rows(TrainingJob, ["name"], {ids[3]: (5,)})
+    answers["converted_name"] = TrainingJob.objects.get(pk=ids[3]).name
     answers["jobs"] = [
         [row[0], row[1], row[2], row[3], None if row[4] is None else row[4].isoformat()]
         for row in TrainingJob.objects.filter(pk__in=ids)

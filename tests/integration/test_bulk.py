@@ -34,6 +34,7 @@ def _expected() -> dict:
             ["", {}, False, JobState.QUEUED, None],
             ["old", {}, False, JobState.CANCELLED, None],
         ],
+        "converted_name": "5",
         "events_inserted": 2,
         "events": [
             [0, "admitted", "admitted 0", {"devices": ["d/0"]}, WHEN],
