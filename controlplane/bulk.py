@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from django.db import connection
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import (
@@ -38,11 +39,10 @@ SQLITE_ROWS = 500
 def array_cursor() -> Iterator[CursorWrapper]:
     """A cursor on the default PostgreSQL connection, in its transaction, whose ``%b`` placeholders the
     server binds in binary (an array of a million values costs what psycopg's binary dumper costs)."""
-    import psycopg
-
     if connection.vendor != "postgresql":
         raise RuntimeError(f"array_cursor needs PostgreSQL, not {connection.vendor}")
     connection.ensure_connection()
+    # Django opens its connections with prepare_threshold None: this cursor, as its own, never prepares.
     raw = psycopg.Cursor(connection.connection)
     # Django's own wrappers, as ``connection.cursor()`` gives: queries are logged when they would be.
     cursor = CursorDebugWrapper(raw, connection) if connection.queries_logged else CursorWrapper(raw, connection)
