@@ -425,7 +425,7 @@ def _reallocate(job: TrainingJob, previous: tuple[FreeDevice, ...], failed: froz
             request = RestartRequest(
                 devices=count, min_devices=min_devices, flavors=flavors, previous=previous, failed=failed
             )
-            plan = plan_restart(request, free, distance=pool_fabric().hops)
+            plan = plan_restart(request, free, distance=pool_fabric())
             if plan is None:
                 break
             refused = ledger.fits(job.tenant_id, charge(job.job_class, plan.devices, rates))

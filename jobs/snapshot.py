@@ -236,5 +236,5 @@ def load_snapshot(now: datetime) -> Snapshot:
         releasing=releasing,
         nau_rates=rates,
         history=usage_history(now, rates),
-        distance=pool_fabric().hops,  # devices chosen by topology: fewest hops
+        distance=pool_fabric(),  # devices chosen by topology: fewest hops (a row of them at once)
     )

@@ -57,6 +57,10 @@ class Topology(ABC):
     def hops(self, a: Coords, b: Coords) -> int:
         """Links crossed on a minimal route from the node at ``a`` to the node at ``b``."""
 
+    def hops_from(self, a: Coords, others: Sequence[Coords]) -> list[int]:
+        """``hops(a, b)`` for each of ``others``, in order (a topology may answer a row faster)."""
+        return [self.hops(a, b) for b in others]
+
     @abstractmethod
     def bounds(self) -> tuple[int, ...]:
         """The exclusive upper bound of each coordinate (each runs from 0)."""
@@ -214,6 +218,10 @@ class FatTree(Topology):
             return 6
         return 2 if a[1] == b[1] else 4
 
+    def hops_from(self, a: Coords, others: Sequence[Coords]) -> list[int]:
+        pod, rack = a[0], a[1]
+        return [0 if b == a else 6 if b[0] != pod else 2 if b[1] == rack else 4 for b in others]
+
     def bounds(self) -> tuple[int, ...]:
         return (self.pods, self.racks_per_pod, self.nodes_per_rack)
 
@@ -261,6 +269,16 @@ class Fabric:
         if a == b:
             return 0
         return self.topology.hops(self.coords[a], self.coords[b])
+
+    # A fabric is itself a node-distance function, one that also answers a row at once
+    # (``runtime.scheduling.placement.RowDistance``).
+    __call__ = hops
+
+    def hops_from(self, a: str, nodes: Sequence[str]) -> dict[str, int]:
+        """``hops(a, node)`` for each of ``nodes``."""
+        coords = self.coords
+        row = self.topology.hops_from(coords[a], [coords[node] for node in nodes])
+        return {node: 0 if node == a else hops for node, hops in zip(nodes, row, strict=True)}
 
 
 def rack_fat_tree(nodes: Sequence[tuple[str, str]]) -> Fabric:

@@ -93,8 +93,8 @@ class Snapshot:
     # Decayed historical usage per tenant and resource, already normalized to "average amount in
     # use" (see fairshare), for fair sharing.
     history: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
-    # Hops between two nodes by name (runtime.inventory.Fabric.hops): devices are then chosen by
-    # topology (placement.choose_devices); None keeps the fewest-nodes packing.
+    # Hops between two nodes by name (a runtime.inventory.Fabric, which also answers a row at once):
+    # devices are then chosen by topology (placement.choose_devices); None keeps the fewest-nodes packing.
     distance: NodeDistance | None = None
     # Devices that no job holds but that a run being torn down (a preempted or ended attempt the
     # backend has not confirmed gone) still occupies: free soon. A job owed its nominal share that

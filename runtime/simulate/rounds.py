@@ -358,7 +358,7 @@ class _Placer:
         if device_choice == "random":
             self.free = _RandomFree(devices, seed)
         else:
-            self.free = FreePool(devices, distance=self.fabric.hops if device_choice == "topology" else None)
+            self.free = FreePool(devices, distance=self.fabric if device_choice == "topology" else None)
         self._factors: dict[tuple[tuple[int, ...], ...], float] = {}
 
     def release(self, state: _Active) -> None:

@@ -5,8 +5,9 @@ from itertools import combinations
 
 import pytest
 
-from runtime.inventory import Fabric, FatTree, rack_fat_tree
+from runtime.inventory import Dragonfly, Fabric, FatTree, Torus3D, rack_fat_tree
 from runtime.scheduling import FreeDevice, FreePool, choose_devices
+from runtime.scheduling.placement import RowDistance
 
 F, G = "h100-sxm", "a100-sxm"
 
@@ -86,8 +87,9 @@ def test_free_pool_with_a_distance_chooses_by_topology_and_keeps_count():
     assert pool.count(F) == 4
 
 
+@pytest.mark.parametrize("rows", [False, True], ids=["pair-by-pair", "a-row-at-once"])
 @pytest.mark.parametrize("seed", range(6))
-def test_free_pool_takes_what_choose_devices_chooses_gang_after_gang(seed):
+def test_free_pool_takes_what_choose_devices_chooses_gang_after_gang(seed, rows):
     # The pool reads a gang that fits one node off its order; choose_devices looks at every node.
     rng = random.Random(seed)
     nodes = [(f"n{i:02d}", f"r{i % 3}") for i in range(18)]
@@ -97,7 +99,8 @@ def test_free_pool_takes_what_choose_devices_chooses_gang_after_gang(seed):
         for node, _ in nodes
         for i in range(rng.randint(0, 8))
     ]
-    pool = FreePool(free, distance=fabric.hops)
+    # The fabric itself answers a row of hops at once; its bound ``hops`` only pair by pair: the same choice.
+    pool = FreePool(free, distance=fabric if rows else fabric.hops)
     left = list(free)
     for _ in range(40):
         counts = {F: rng.choice([0, 1, 2, 3, 4, 8, 12]), G: rng.choice([0, 0, 0, 1, 2, 5])}
@@ -157,3 +160,21 @@ def test_free_pool_takes_degraded_devices_last():
     assert not any(d.degraded for d in pool.take(F, 4))
     assert [d.device_id for d in pool.take(F, 1)] == ["a/0"]
     assert pool.count(F) == 1
+
+
+@pytest.mark.parametrize(
+    "topology",
+    [
+        FatTree(pods=2, racks_per_pod=3, nodes_per_rack=4),
+        Torus3D(dims=(3, 2, 4)),
+        Dragonfly(groups=3, routers_per_group=2, global_links_per_router=1, nodes_per_router=4),
+    ],
+)
+def test_a_row_of_hops_is_what_each_pair_gives(topology):
+    rng = random.Random(5)
+    coords = {f"n{i}": tuple(rng.randrange(bound) for bound in topology.bounds()) for i in range(30)}
+    fabric = Fabric(topology=topology, coords=coords)
+    assert isinstance(fabric, RowDistance) and not isinstance(fabric.hops, RowDistance)
+    nodes = list(coords)
+    for a in nodes:
+        assert fabric.hops_from(a, nodes) == {b: fabric.hops(a, b) for b in nodes} == {b: fabric(a, b) for b in nodes}
