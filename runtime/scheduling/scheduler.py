@@ -87,6 +87,8 @@ def assign_flavors(
     ``rates`` (milli-NAU per device), ``free`` (devices), ``rooms`` (quota headroom, None = unlimited);
     ``nau_room`` is the NAU headroom.
     """
+    if sum(free) < count:
+        return None  # not enough free whatever the mix: most calls, once the pool is full
     for flavor, rate, available, room in zip(flavors, rates, free, rooms, strict=True):
         if available >= count and (room is None or room >= count) and (nau_room is None or count * rate <= nau_room):
             return {flavor: count}
@@ -96,6 +98,8 @@ def assign_flavors(
         take = min(available, left)
         if room is not None:
             take = min(take, room)
+        if take <= 0:
+            continue  # the NAU cap below only lowers it
         if nau_room is not None and rate > 0:
             take = min(take, nau_room // rate)
             # Leave enough NAU for the devices still to find at the cheapest rate after this flavor,
