@@ -244,6 +244,8 @@ class _Cycle:
         self.epoch = 0
         self.rooms_epoch = 0
         self.rooms: dict[tuple[int, str, int | None], _Rooms | None] = {}
+        self.refusals_epoch = 0
+        self.refusals: dict[tuple[int, str, int], str] = {}  # (tenant, resource, amount) -> why, for the epoch
         self.stamp: dict[int, int] = defaultdict(int)
         self.shares: dict[int, tuple[int, float]] = {}  # tenant -> (usage version, dominant share)
         # tenant -> (usage version, room within nominal per resource, and the answer per job shape), for
@@ -676,6 +678,18 @@ class _Cycle:
             extra[flavor] += keep
         return None
 
+    def _refusal(self, tenant_id: int, resource: str, amount: int) -> str:
+        """``QuotaLedger.refusal``, kept for the epoch: once the pool is full, a tenant's waiting jobs ask
+        for the same few amounts, and the ledger changes only with an admission."""
+        if self.refusals_epoch != self.epoch:
+            self.refusals.clear()
+            self.refusals_epoch = self.epoch
+        key = (tenant_id, resource, amount)
+        why = self.refusals.get(key)
+        if why is None:
+            why = self.refusals[key] = self.ledger.refusal(tenant_id, resource, amount)
+        return why
+
     def _reason(
         self,
         job: PendingJob,
@@ -693,9 +707,9 @@ class _Cycle:
         def single(flavor: str, room: int | None, rate: int) -> str | None:
             """Why ``count`` devices of one flavor do not fit the quota now (None: they do)."""
             if room is not None and count > room:
-                return ledger.refusal(tenant_id, flavor, count)
+                return self._refusal(tenant_id, flavor, count)
             if nau_room is not None and count * rate > nau_room:
-                return ledger.refusal(tenant_id, NAU, count * rate)
+                return self._refusal(tenant_id, NAU, count * rate)
             return None
 
         if assign_flavors(count, flavors, rates, [count] * len(flavors), rooms, nau_room) is None:
