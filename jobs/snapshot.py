@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, Q, QuerySet, Window
+from django.db.models import Count, F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
@@ -205,15 +205,21 @@ def usage_history(now: datetime, rates: Mapping[tuple[str, str], int]) -> dict[i
     in use: last week's burst weighs little, the last hour's a lot."""
     half_life_s = settings.POLYCHIP_FAIR_SHARE_HALF_LIFE_H * 3600.0
     horizon = now - timedelta(seconds=half_life_s * 6)
-    rows = Allocation.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=horizon)).values_list(
-        "job__tenant_id", "job__job_class", "device__flavor__name", "started_at", "ended_at"
+    # A job's devices of one flavor share its interval: one row for them all, counted (a cycle at 10,000
+    # queued jobs reads 1,500 rows, not the 9,000 allocations; the decay is linear in the amount).
+    rows = (
+        Allocation.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=horizon))
+        .values("job__tenant_id", "job__job_class", "device__flavor__name", "started_at", "ended_at")
+        .annotate(devices=Count("pk"))
+        .values_list("job__tenant_id", "job__job_class", "device__flavor__name", "started_at", "ended_at", "devices")
+        .order_by()
     )
     intervals: dict[tuple[int, str], list[tuple[float, float | None, float]]] = defaultdict(list)
-    for tenant_id, job_class, flavor, started_at, ended_at in rows:
+    for tenant_id, job_class, flavor, started_at, ended_at, devices in rows:
         start = started_at.timestamp()
         end = ended_at.timestamp() if ended_at else None
-        intervals[(tenant_id, flavor)].append((start, end, 1.0))
-        intervals[(tenant_id, NAU)].append((start, end, float(rates.get((job_class, flavor), MILLI))))
+        intervals[(tenant_id, flavor)].append((start, end, float(devices)))
+        intervals[(tenant_id, NAU)].append((start, end, float(devices * rates.get((job_class, flavor), MILLI))))
     history: dict[int, dict[str, float]] = defaultdict(dict)
     for (tenant_id, resource), spans in intervals.items():
         history[tenant_id][resource] = decayed_usage(spans, now.timestamp(), half_life_s)

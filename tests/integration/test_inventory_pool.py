@@ -181,3 +181,47 @@ def test_cordoning_waits_for_a_running_admission_cycle(pool):
     worker.join(10)
     assert changed == [1]
     assert Device.objects.get(device_id="gpu-h100-0/0").health == DeviceHealth.CORDONED
+
+
+def test_usage_history_counts_every_device_a_job_held_over_its_interval(pool, tenants):
+    from datetime import UTC, datetime, timedelta
+
+    from django.conf import settings
+
+    from jobs import snapshot as admission
+    from jobs.models import Allocation, JobState, TrainingJob
+    from runtime.scheduling import NAU
+    from runtime.scheduling.fairshare import decayed_usage
+
+    now = datetime.now(UTC)
+    rates = {("synthetic-mlp", "h100-sxm"): 1500, ("synthetic-mlp", "a100-sxm"): 700}
+    held = {  # device -> (started, ended): two jobs of two devices each, one ended
+        "gpu-h100-0/0": (now - timedelta(hours=3), now - timedelta(hours=1)),
+        "gpu-h100-0/1": (now - timedelta(hours=3), now - timedelta(hours=1)),
+        "gpu-a100-0/0": (now - timedelta(minutes=40), None),
+        "gpu-a100-0/1": (now - timedelta(minutes=40), None),
+    }
+    first, second = (
+        TrainingJob.objects.create(tenant_id=tenants[0].id, name=n, spec={}, state=JobState.RUNNING) for n in "ab"
+    )
+    for rank, (device_id, (started, ended)) in enumerate(held.items()):
+        job = first if ended is not None else second
+        device = Device.objects.get(device_id=device_id)
+        Allocation.objects.create(job=job, device=device, rank=rank % 2, started_at=started, ended_at=ended)
+
+    history = admission.usage_history(now, rates)[tenants[0].id]
+
+    half_life_s = settings.POLYCHIP_FAIR_SHARE_HALF_LIFE_H * 3600.0
+    flavor_of = {d: Device.objects.get(device_id=d).flavor.name for d in held}
+    spans = {
+        flavor: [(s.timestamp(), e and e.timestamp(), 1.0) for d, (s, e) in held.items() if flavor_of[d] == flavor]
+        for flavor in set(flavor_of.values())
+    }
+    nau = [
+        (s.timestamp(), e and e.timestamp(), float(rates[("synthetic-mlp", flavor_of[d])]))
+        for d, (s, e) in held.items()
+    ]
+    expected = {flavor: decayed_usage(s, now.timestamp(), half_life_s) for flavor, s in spans.items()}
+    expected[NAU] = decayed_usage(nau, now.timestamp(), half_life_s)
+    assert history == pytest.approx(expected, rel=1e-12)
+    assert expected["h100-sxm"] > expected["a100-sxm"] > 0
