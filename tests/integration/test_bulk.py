@@ -85,4 +85,4 @@ def test_the_jobs_table_leaves_room_on_each_page_for_a_rows_next_version():
     with connection.cursor() as cursor:
         cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [TrainingJob._meta.db_table])
         (options,) = cursor.fetchone()
-    assert "fillfactor=50" in options
+    assert "fillfactor=40" in options
