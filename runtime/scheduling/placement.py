@@ -112,7 +112,11 @@ def _choose(by_node: _ByNode, need: Mapping[str, int], distance: NodeDistance, s
     more room, nearer the seed), among the nodes nearest the seed; keep the growth with the fewest
     pairwise hops (ties: fewer nodes). Cost: seeds x (nodes + window x gang nodes) distance calls.
     """
-    room = {node: _room(devices, need) for node, devices in by_node.items()}
+    if len(need) == 1:  # one flavor, most gangs: the room is what the node has of it, up to the gang
+        ((only, k),) = need.items()
+        room = {node: min(len(devices.get(only, ())), k) for node, devices in by_node.items()}
+    else:
+        room = {node: _room(devices, need) for node, devices in by_node.items()}
     nodes = [node for node, r in room.items() if r > 0]
     whole = [node for node in nodes if all(len(by_node[node].get(f, ())) >= k for f, k in need.items())]
     if whole:
@@ -131,7 +135,8 @@ def _choose(by_node: _ByNode, need: Mapping[str, int], distance: NodeDistance, s
             if isinstance(distance, RowDistance)
             else {node: distance(seed, node) for node in nodes}
         )
-        order = sorted(nodes, key=lambda node: (from_seed[node], -room[node], node))
+        # Sorted as (hops, -room, name) tuples, built at once rather than by a key function per node.
+        order = [node for _, _, node in sorted([(from_seed[node], -room[node], node) for node in nodes])]
         covered = dict.fromkeys(need, 0)
         size = 0
         for node in order:
