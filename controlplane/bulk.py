@@ -41,6 +41,9 @@ def array_cursor() -> Iterator[CursorWrapper]:
     server binds in binary (an array of a million values costs what psycopg's binary dumper costs)."""
     if connection.vendor != "postgresql":
         raise RuntimeError(f"array_cursor needs PostgreSQL, not {connection.vendor}")
+    # What connection.cursor() checks first: the connection is this thread's, and still usable.
+    connection.validate_thread_sharing()
+    connection.close_if_health_check_failed()
     connection.ensure_connection()
     # Django opens its connections with prepare_threshold None: this cursor, as its own, never prepares.
     raw = psycopg.Cursor(connection.connection)
@@ -94,12 +97,22 @@ def _columns(fields: Sequence[Field[Any, Any]], rows: Sequence[Sequence[Any]]) -
                 continue
             if hasattr(value, "resolve_expression"):
                 raise TypeError(f"{field.name}: an expression cannot be written in bulk, only a value")
+            if isinstance(value, Model):  # a related row, for a foreign key: its key
+                value = value.pk
             column.append(field.get_db_prep_save(value, connection))
     return columns
 
 
+def _array_type(field: Field[Any, Any]) -> str:
+    # A string goes as unbounded text: a cast to varchar(n) would cut a longer one without a word, where
+    # writing it into the varchar(n) column refuses it, as the ORM's writes do.
+    if isinstance(field, CharField | TextField):
+        return connection.ops.cast_char_field_without_max_length
+    return field.cast_db_type(connection) or ""
+
+
 def _arrays(fields: Sequence[Field[Any, Any]]) -> str:
-    return ", ".join(f"%b::{field.cast_db_type(connection)}[]" for field in fields)
+    return ", ".join(f"%b::{_array_type(field)}[]" for field in fields)
 
 
 def insert_rows(model: type[Model], names: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:

@@ -176,7 +176,8 @@ def _window_rows(window: int) -> list[tuple[Any, ...]]:
         columns = (
             "id, tenant_id, priority, EXTRACT(EPOCH FROM created_at)::float8, "
             "EXTRACT(EPOCH FROM state_changed_at)::float8, trunc((spec->>'devices')::numeric)::int, "
-            "ARRAY(SELECT jsonb_array_elements_text(spec->'flavors')), job_class, "
+            "ARRAY(SELECT f FROM jsonb_array_elements_text(spec->'flavors') WITH ORDINALITY AS e(f, n) ORDER BY n), "
+            "job_class, "
             "CASE WHEN spec->'elastic' = 'true'::jsonb THEN NULLIF(trunc((spec->>'min_devices')::numeric)::int, 0) END"
         )
         sql = (

@@ -193,12 +193,14 @@ def claim_many(
         expressions["attempt"] = F("attempt") + 1
     if expressions:
         TrainingJob.objects.filter(pk__in=[job.pk for job, _ in claimed]).update(**expressions)
-    kind = JobEvent.Kind.TRANSITION
+    # Stamped when written, as auto_now_add stamps one event: the push relay looks back from that
+    # time for transactions that committed late (``queries.recent_events``).
+    kind, written = JobEvent.Kind.TRANSITION, timezone.now()
     bulk.insert_rows(
         JobEvent,
         ["job", "tenant", "kind", "from_state", "to_state", "message", "data", "created_at"],
         (
-            (job.pk, job.tenant_id, kind, from_state, to_state, move.message[:500], dict(move.data), now)
+            (job.pk, job.tenant_id, kind, from_state, to_state, move.message[:500], dict(move.data), written)
             for job, move in claimed
         ),
     )

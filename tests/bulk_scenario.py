@@ -58,7 +58,17 @@ def run() -> dict[str, Any]:
         JobEvent,
         ["job", "tenant", "kind", "from_state", "to_state", "message", "data", "created_at"],
         [
-            (ids[n], tenant.pk, kind, "queued", "admitted", f"admitted {n}", {"devices": [f"d/{n}"]}, WHEN)
+            # A foreign key takes the related row as well as its key.
+            (
+                ids[n],
+                tenant if n else tenant.pk,
+                kind,
+                "queued",
+                "admitted",
+                f"admitted {n}",
+                {"devices": [f"d/{n}"]},
+                WHEN,
+            )
             for n in range(2)
         ],
     )

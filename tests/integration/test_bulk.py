@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.db import connection, transaction
+from django.db import DataError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from controlplane import bulk
@@ -74,6 +74,13 @@ def test_a_bulk_statement_runs_in_the_callers_transaction_and_is_logged_as_any_q
     assert any("unnest" in query["sql"] for query in queries.captured_queries)
 
 
+def test_a_string_longer_than_its_column_is_refused_not_cut(tenants):
+    job = TrainingJob.objects.create(tenant_id=tenants[0].id, name="t", spec={}, pending_reason="before")
+    with pytest.raises(DataError, match="too long"), transaction.atomic():
+        bulk.update_rows(TrainingJob, ["pending_reason"], {job.pk: ("x" * 501,)})
+    assert TrainingJob.objects.get(pk=job.pk).pending_reason == "before"
+
+
 def test_the_array_cursor_is_for_postgresql_only(monkeypatch):
     monkeypatch.setattr(connection, "vendor", "sqlite")
     with pytest.raises(RuntimeError, match="needs PostgreSQL, not sqlite"), bulk.array_cursor():
@@ -86,3 +93,17 @@ def test_the_jobs_table_leaves_room_on_each_page_for_a_rows_next_version():
         cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [TrainingJob._meta.db_table])
         (options,) = cursor.fetchone()
     assert "fillfactor=40" in options
+
+
+def test_the_jobs_table_has_no_index_that_another_covers():
+    # Each index costs each new version of a job's row an entry; state and tenant lead composite ones.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [TrainingJob._meta.db_table])
+        columns = sorted(definition.split(" USING btree ")[1] for (definition,) in cursor.fetchall())
+    assert columns == [
+        "(id)",
+        "(state, created_at)",
+        "(submitted_by_id)",
+        "(tenant_id, id DESC)",
+        "(tenant_id, state, priority DESC, created_at)",
+    ]
