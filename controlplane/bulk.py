@@ -115,6 +115,15 @@ def _arrays(fields: Sequence[Field[Any, Any]]) -> str:
     return ", ".join(f"%b::{_array_type(field)}[]" for field in fields)
 
 
+def _value_chunks(columns: Sequence[Sequence[Any]]) -> Iterator[tuple[str, list[Any]]]:
+    """SQLite's form of the columns: ``VALUES (%s, ...), ...`` and its parameters, ``SQLITE_ROWS`` rows at a time."""
+    count = len(columns[0])
+    for start in range(0, count, SQLITE_ROWS):
+        chunk = list(zip(*(column[start : start + SQLITE_ROWS] for column in columns), strict=True))
+        placeholders = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(chunk))
+        yield f"VALUES {placeholders}", [value for row in chunk for value in row]
+
+
 def insert_rows(model: type[Model], names: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
     """Insert ``rows`` (values in the order of the fields ``names``) into the model's table; returns how
     many. No ``save()``, no signals, no defaults: as ``bulk_create``, but every column is given."""
@@ -132,13 +141,8 @@ def insert_rows(model: type[Model], names: Sequence[str], rows: Iterable[Sequenc
             return int(cursor.rowcount)
     inserted = 0
     with connection.cursor() as cursor:
-        for start in range(0, len(rows), SQLITE_ROWS):
-            chunk = list(zip(*(column[start : start + SQLITE_ROWS] for column in values), strict=True))
-            placeholders = ", ".join(["(" + ", ".join(["%s"] * len(fields)) + ")"] * len(chunk))
-            cursor.execute(
-                f"INSERT INTO {table} ({columns}) VALUES {placeholders}",  # noqa: S608 (as above)
-                [value for row in chunk for value in row],
-            )
+        for rows_sql, params in _value_chunks(values):
+            cursor.execute(f"INSERT INTO {table} ({columns}) {rows_sql}", params)
             inserted += cursor.rowcount
     return inserted
 
@@ -186,16 +190,14 @@ def update_rows(
             )
             return int(cursor.rowcount)
     changed = 0
+    # VALUES names its columns column1, column2, ... on SQLite: a subquery renames them.
+    renamed = ", ".join(f"column{index + 1} AS {name}" for index, name in enumerate(names_v))
     with connection.cursor() as cursor:
-        for start in range(0, len(rows), SQLITE_ROWS):
-            chunk = list(zip(*(column[start : start + SQLITE_ROWS] for column in values), strict=True))
-            placeholders = ", ".join(["(" + ", ".join(["%s"] * len(values)) + ")"] * len(chunk))
-            # VALUES names its columns column1, column2, ... on SQLite: a subquery renames them.
-            renamed = ", ".join(f"column{index + 1} AS {name}" for index, name in enumerate(names_v))
+        for rows_sql, params in _value_chunks(values):
             cursor.execute(
-                f"UPDATE {table} SET {assignments} FROM (SELECT {renamed} FROM (VALUES {placeholders})) AS v "  # noqa: S608
+                f"UPDATE {table} SET {assignments} FROM (SELECT {renamed} FROM ({rows_sql})) AS v "  # noqa: S608
                 f"WHERE {condition}",
-                [*(value for row in chunk for value in row), *where_values],
+                [*params, *where_values],
             )
             changed += cursor.rowcount
     return changed
