@@ -242,9 +242,8 @@ class _Cycle:
         self.cohort_give_backs: dict[tuple[Hashable, int | None], tuple[int, _GiveBack]] = {}
         # Room vectors per (tenant, mode, priority), valid for one epoch: the time between two admissions.
         self.epoch = 0
-        self.rooms_epoch = 0
+        self.cached_epoch = 0  # the epoch that rooms and refusals hold answers for
         self.rooms: dict[tuple[int, str, int | None], _Rooms | None] = {}
-        self.refusals_epoch = 0
         self.rates: dict[tuple[str, tuple[str, ...]], list[int]] = {}
         self.flavor_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self.refusals: dict[tuple[int, str, int], str] = {}  # (tenant, resource, amount) -> why, for the epoch
@@ -568,9 +567,7 @@ class _Cycle:
 
     def _rooms(self, tenant_id: int, mode: str, below: int | None) -> _Rooms | None:
         """The tenant's room now (NOW), or once every candidate is preempted; None when there is none to take."""
-        if self.rooms_epoch != self.epoch:
-            self.rooms.clear()
-            self.rooms_epoch = self.epoch
+        self._start_epoch()
         key = (tenant_id, mode, below)
         if key in self.rooms:
             return self.rooms[key]
@@ -693,12 +690,17 @@ class _Cycle:
             extra[flavor] += keep
         return None
 
+    def _start_epoch(self) -> None:
+        """Forget what the epoch's caches (rooms, refusals) hold once an admission has begun another."""
+        if self.cached_epoch != self.epoch:
+            self.rooms.clear()
+            self.refusals.clear()
+            self.cached_epoch = self.epoch
+
     def _refusal(self, tenant_id: int, resource: str, amount: int) -> str:
         """``QuotaLedger.refusal``, kept for the epoch: once the pool is full, a tenant's waiting jobs ask
         for the same few amounts, and the ledger changes only with an admission."""
-        if self.refusals_epoch != self.epoch:
-            self.refusals.clear()
-            self.refusals_epoch = self.epoch
+        self._start_epoch()
         key = (tenant_id, resource, amount)
         why = self.refusals.get(key)
         if why is None:
