@@ -11,6 +11,11 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 	CHANNEL_REDIS_URL=$${TEST_CHANNEL_REDIS_URL:-redis://127.0.0.1:6379/15} \
 	POLYCHIP_VAR_DIR=$(CURDIR)/var/test \
 	POLYCHIP_PASSWORD_HASHERS=django.contrib.auth.hashers.MD5PasswordHasher
+# One pytest-xdist worker per core; tests/workers.py gives each its own Redis databases and var folder
+# (pytest-django its own database). A file's tests stay in one worker, so a module's live stack starts
+# once. TEST_WORKERS=0 runs every test in one process.
+TEST_WORKERS ?= auto
+PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 .DEFAULT_GOAL := help
 .PHONY: help install vendor services demo up down status test test-properties test-unit test-integration test-runtime test-e2e test-security lint openapi fmt bench clean
@@ -48,27 +53,27 @@ status: ## Show which servers run
 	$(BIN)/polychip status
 
 test: install services ## Install and run every test tier against PostgreSQL and Redis on 127.0.0.1
-	$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(PYTEST) $(PYTEST_ARGS)
 
-test-properties: install services ## Billing's ledger properties with 10,000 Hypothesis examples each (about 40 min)
-	$(TEST_ENV) HYPOTHESIS_EXAMPLES=10000 $(BIN)/pytest tests/integration/test_billing_properties.py $(PYTEST_ARGS)
+test-properties: install services ## Billing's ledger properties, 10,000 Hypothesis examples each (about 40 min on one core; one property per worker)
+	$(TEST_ENV) HYPOTHESIS_EXAMPLES=10000 $(BIN)/pytest -n $(TEST_WORKERS) --dist load tests/integration/test_billing_properties.py $(PYTEST_ARGS)
 
 # Each tier is a folder of tests/ and a marker (tests/conftest.py): `make test PYTEST_ARGS="-m 'unit or runtime'"`
 # runs several tiers by marker.
 test-unit: install ## Pure unit tests: no database, no process, seconds
-	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
 test-integration: install services ## PostgreSQL + Redis + a real Celery worker, the job's life end to end
-	$(TEST_ENV) $(BIN)/pytest tests/integration tests/security $(PYTEST_ARGS)
+	$(TEST_ENV) $(PYTEST) tests/integration tests/security $(PYTEST_ARGS)
 
 test-runtime: install ## Real torch.distributed processes over gloo
-	$(TEST_ENV) $(BIN)/pytest tests/runtime $(PYTEST_ARGS)
+	$(TEST_ENV) $(PYTEST) tests/runtime $(PYTEST_ARGS)
 
 test-e2e: install services ## The portal in a real browser (Chromium)
-	$(TEST_ENV) $(BIN)/pytest tests/e2e $(PYTEST_ARGS)
+	$(TEST_ENV) $(PYTEST) tests/e2e $(PYTEST_ARGS)
 
 test-security: install services ## The route matrix alone: every route against every role (PostgreSQL)
-	$(TEST_ENV) $(BIN)/pytest tests/security $(PYTEST_ARGS)
+	$(TEST_ENV) $(PYTEST) tests/security $(PYTEST_ARGS)
 
 vendor: ## Copy the npm assets the portal serves (uPlot) into frontend/static/vendor
 	npm ci --no-audit --no-fund --loglevel=error

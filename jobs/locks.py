@@ -15,6 +15,7 @@ no-ops: its write transactions serialize anyway.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from django.db import connection
 from django.db.models import QuerySet
@@ -40,8 +41,23 @@ def admission_lock(*, wait: bool = True) -> bool:
         return True
     if AdmissionLock.objects.filter(pk=1).exists():
         return False  # held by another cycle
-    AdmissionLock.objects.get_or_create(pk=1)  # a flushed test database lost the row
+    AdmissionLock.objects.get_or_create(pk=1)  # a database emptied without post_migrate lost the row
     return admission_lock(wait=True)
+
+
+def ensure_admission_lock_row(*, using: str, apps: Any = None, **_: Any) -> None:
+    """post_migrate: the lock's row exists after every migrate and every flush (migration 0002 made it
+    once; a flush empties the table and then sends post_migrate, as it does for content types). Without
+    the row, the first cycle after a flush would be taken for the first cycle ever, and a request that an
+    earlier request covers would run a cycle of its own."""
+    if apps is None:  # a flush sends no migration state: the models are the current ones
+        AdmissionLock.objects.using(using).get_or_create(pk=1)
+        return
+    try:
+        model = apps.get_model("jobs", "AdmissionLock")
+    except LookupError:  # migrated back to before the lock existed
+        return
+    model.objects.using(using).get_or_create(pk=1)
 
 
 def job(job_id: int) -> TrainingJob | None:

@@ -20,7 +20,7 @@ from billing.models import UsageRecord
 from controlplane.domain import Invalid
 from jobs import dispatch, services, transitions
 from jobs.admission import SERVED_SLACK
-from jobs.models import AdmissionRequest, Allocation, JobEvent, JobState, TrainingJob
+from jobs.models import AdmissionLock, AdmissionRequest, Allocation, JobEvent, JobState, TrainingJob
 from runtime.jobspec import parse_job_spec
 from tenants.models import Cohort, Quota, Tenant
 from tests.conftest import make_tenant
@@ -318,6 +318,17 @@ def test_a_request_for_admission_is_served_by_any_cycle_that_read_its_snapshot_l
     for not_a_time in (float("nan"), float("inf"), "yesterday"):  # from the broker: a cycle, not an error
         assert services.admit_queued_jobs(not_a_time) == []
     assert len(cycles) == 7 and all(waiting in c.decided for c in cycles)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_lock_row_is_there_after_a_flush_as_after_a_migrate():
+    """A flush (every transactional test ends with one) empties the lock's table; post_migrate puts the row
+    back, so a test that runs after it sees the database as migrated, whatever ran before it in its worker."""
+    from django.core.management import call_command
+
+    AdmissionLock.objects.filter(pk=1).update(served_at=timezone.now())
+    call_command("flush", interactive=False, verbosity=0)
+    assert list(AdmissionLock.objects.values_list("pk", "served_at")) == [(1, None)]
 
 
 def test_a_request_sent_before_one_written_down_leaves_the_cycle_to_that_one(lab, cycles):

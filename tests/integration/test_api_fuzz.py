@@ -19,7 +19,7 @@ import pytest
 
 from tests.stack import free_port, running_stack, stack_env
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "schemathesis.toml"

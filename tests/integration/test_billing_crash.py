@@ -24,6 +24,7 @@ TRIALS = int(os.environ.get("POLYCHIP_CRASH_TRIALS", "200"))
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(1200)]
 
 
+@pytest.mark.slow
 def test_kills_mid_flush_lose_nothing_and_count_nothing_twice(tmp_path: Path) -> None:
     from django.db import connection
 

@@ -37,7 +37,7 @@ from billing.models import BillingAccount, Invoice, InvoiceLine, LedgerEntry, Pr
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "2000"))
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(max(300, EXAMPLES // 4))]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(max(300, EXAMPLES // 4))]
 
 PROPERTY = settings(
     max_examples=EXAMPLES,

@@ -84,6 +84,7 @@ def _return_devices() -> None:
         services.set_device_health(failed, DeviceHealth.HEALTHY, by="test operator")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # ten kills, each with its restart: about five minutes here
 def test_killing_a_rank_ten_times_recovers_each_time_within_a_weights_interval_and_the_loss(api_for, tenants, pool):
     api = api_for(tenants[0].token)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
+from runtime.bench import micro
 from runtime.bench.macro import WORKLOADS, resnet_small, synthetic_mlp, training_rate, transformer_small
 from runtime.bench.micro import host_device_copy_gbps, matmul_tflops, memory_bandwidth_gbps
 from runtime.bench.suite import SuiteResult, benchmark_entries, run_suite, seed_table
@@ -19,6 +21,15 @@ def test_a_tiny_matmul_gives_tflops_with_its_size():
     assert m.value is not None and m.value > 0 and m.detail["size"] >= 128 and m.detail["calls"] >= 3
     with pytest.raises(ValueError, match="dtype"):
         matmul_tflops("int4")
+
+
+def test_one_call_is_timed_by_its_fastest_sample_not_by_one_that_waited_for_the_cpu():
+    delays = iter([0.0, 0.3, 0.0, 0.0])  # the warm-up call, then one sample that lost its time slice
+
+    def call() -> None:
+        time.sleep(next(delays))
+
+    assert micro._one_call_s(call) < 0.1
 
 
 def test_memory_and_copy_figures():
