@@ -11,11 +11,13 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 	CHANNEL_REDIS_URL=$${TEST_CHANNEL_REDIS_URL:-redis://127.0.0.1:6379/15} \
 	POLYCHIP_VAR_DIR=$(CURDIR)/var/test \
 	POLYCHIP_PASSWORD_HASHERS=django.contrib.auth.hashers.MD5PasswordHasher
-# One pytest-xdist worker per core; tests/workers.py gives each its own Redis databases and var folder
-# (pytest-django its own database). A file's tests stay in one worker, so a module's live stack starts
-# once. TEST_WORKERS=0 runs every test in one process.
+# One pytest-xdist worker per core, four at most; tests/workers.py gives each its own Redis databases and
+# var folder (pytest-django its own database), two Redis databases down per worker from 14 and 15. A
+# file's tests stay in one worker, so a module's live stack starts once; files go out in collection order,
+# those with a slow test first (tests/conftest.py), not xdist's default of most tests first, which left a
+# one-test file of four minutes for last. TEST_WORKERS=0 runs every test in one process.
 TEST_WORKERS ?= auto
-PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 .DEFAULT_GOAL := help
 .PHONY: help install vendor services demo up down status test test-properties test-unit test-integration test-runtime test-e2e test-security lint openapi fmt bench clean

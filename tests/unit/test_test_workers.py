@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,18 @@ def test_files_with_a_slow_test_are_handed_out_first_each_in_its_order():
     items = [a1, b1, c1, a2, b2]
     slow_files_first(items)  # type: ignore[arg-type]
     assert items == [b1, b2, a1, c1, a2]
+
+
+def test_this_worker_runs_on_its_own_services():
+    """The wiring, in the process at hand: under `make test` this runs in a worker, whose settings must be
+    tests/settings.py's moved ones (a DJANGO_SETTINGS_MODULE inherited from the controller once made
+    every worker read production's module, all of them on one broker)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        pytest.skip("one process (not under pytest-xdist): nothing to divide")
+    from django.conf import settings
+
+    assert settings.SETTINGS_MODULE == "tests.settings"
+    assert os.environ[MOVED_FOR] == worker
+    assert settings.VAR_DIR.name == worker
+    assert os.environ["CELERY_BROKER_URL"] == settings.CELERY_BROKER_URL
