@@ -58,7 +58,7 @@ test: install services ## Install and run every test tier against PostgreSQL and
 	$(TEST_ENV) $(PYTEST) $(PYTEST_ARGS)
 
 test-properties: install services ## Billing's ledger properties, 10,000 Hypothesis examples each (about 40 min on one core; one property per worker)
-	$(TEST_ENV) HYPOTHESIS_EXAMPLES=10000 $(BIN)/pytest -n $(TEST_WORKERS) --dist load tests/integration/test_billing_properties.py $(PYTEST_ARGS)
+	$(TEST_ENV) HYPOTHESIS_EXAMPLES=10000 $(BIN)/pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist load tests/integration/test_billing_properties.py $(PYTEST_ARGS)
 
 # Each tier is a folder of tests/ and a marker (tests/conftest.py): `make test PYTEST_ARGS="-m 'unit or runtime'"`
 # runs several tiers by marker.

@@ -50,11 +50,8 @@ def ensure_admission_lock_row(*, using: str, apps: Any = None, **_: Any) -> None
     once; a flush empties the table and then sends post_migrate, as it does for content types). Without
     the row, the first cycle after a flush would be taken for the first cycle ever, and a request that an
     earlier request covers would run a cycle of its own."""
-    if apps is None:  # a flush sends no migration state: the models are the current ones
-        AdmissionLock.objects.using(using).get_or_create(pk=1)
-        return
-    try:
-        model = apps.get_model("jobs", "AdmissionLock")
+    try:  # a flush sends no migration state (apps): its models are the current ones
+        model = AdmissionLock if apps is None else apps.get_model("jobs", "AdmissionLock")
     except LookupError:  # migrated back to before the lock existed
         return
     model.objects.using(using).get_or_create(pk=1)
